@@ -1,0 +1,123 @@
+"""Shared measuring tools for the benchmarks: median wall time, peak memory, FLOPs, peak rate.
+
+Peak memory on CPU is the process's peak resident set (VmHWM) above the level before the call,
+with the kernel's high-water mark reset first (``/proc/self/clear_refs``); on CUDA it is
+``torch.cuda.max_memory_allocated``. FLOPs come from ``torch.utils.flop_counter``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def _fixed_mmap_threshold() -> None:
+    """Make glibc serve every allocation above 128 KiB with its own mmap (and give it back on
+    free). By default the threshold grows after large frees, so freed tensors stay resident and
+    a later peak hides under them; fixing it makes resident memory track live tensors."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+    except OSError:  # pragma: no cover - not glibc
+        pass
+
+
+_fixed_mmap_threshold()
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_memory_mb(fn: Callable[[], object], device: str = "cpu") -> float:
+    """Peak memory (MiB) that ``fn()`` adds on top of what is resident before it runs."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:  # pragma: no cover - not Linux
+        return float("nan")
+    base = _status("VmRSS")
+    fn()
+    return max(0, _status("VmHWM") - base) / 2**20
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
+                   device: str = "cpu") -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Total FLOPs (multiply-add = 2) of ``fn()`` as torch's flop counter sees them."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, device: str = "cpu",
+                       repeats: int = 5) -> float:
+    """The rate (GFLOP/s) of a large square matrix product: the machine's practical peak."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    seconds = median_seconds(lambda: a @ b, repeats=repeats, warmup=2, device=device)
+    return 2 * n**3 / seconds / 1e9
+
+
+def machine() -> dict[str, object]:
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_json(path: str | Path, payload: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Render rows as a markdown table; columns are (key, header, format)."""
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    rule = "|" + "|".join("---:" if f else "---" for _, _, f in columns) + "|"
+    body = ["| " + " | ".join(format(r[k], f) if f else str(r[k]) for k, _, f in columns) + " |"
+            for r in rows]
+    return "\n".join([head, rule, *body])

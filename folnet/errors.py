@@ -1,0 +1,25 @@
+"""One error family for everything a user can get wrong.
+
+`FolnetError` subclasses `ValueError`, so callers that already catch `ValueError` keep working,
+while code that wants to tell folnet's own complaints apart can catch `FolnetError`. Messages
+quote the offending input, say what was expected and, where there is a closed set of choices,
+list them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class FolnetError(ValueError):
+    """A user-facing error: bad spec, bad architecture string, bad tensor, bad option."""
+
+
+def choices(values: Iterable[object]) -> str:
+    """Render a closed set of valid choices for an error message: ``'a', 'b' or 'c'``."""
+    items = [repr(v) for v in values]
+    if not items:
+        return "(none)"
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " or " + items[-1]

@@ -1,0 +1,26 @@
+"""Neural logic operators as data: specs, registry, compiled kernels."""
+
+from folnet.ops.compiler import CompiledOperator, compile_operator
+from folnet.ops.registry import (
+    get_operator,
+    operators,
+    parse_spec_file,
+    register_operator,
+    unregister_operator,
+)
+from folnet.ops.spec import OperatorSpec, Projection, Typing, parse_spec, parse_typing
+
+__all__ = [
+    "CompiledOperator",
+    "OperatorSpec",
+    "Projection",
+    "Typing",
+    "compile_operator",
+    "get_operator",
+    "operators",
+    "parse_spec",
+    "parse_spec_file",
+    "parse_typing",
+    "register_operator",
+    "unregister_operator",
+]
