@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (  # noqa: E402
+from harness import (
     count_flops,
     machine,
     matmul_peak_gflops,
@@ -27,10 +27,10 @@ from harness import (  # noqa: E402
     write_json,
 )
 
-import folnet  # noqa: E402
-from folnet.ops.backends import BACKENDS, Call  # noqa: E402
-from folnet.ops.compiler import compile_operator  # noqa: E402
-from folnet.ops.sizes import evaluate_int  # noqa: E402
+import folnet
+from folnet.ops.backends import BACKENDS, Call
+from folnet.ops.compiler import compile_operator
+from folnet.ops.sizes import evaluate_int
 
 
 def case(symbol: str, backend: str, batch: int, seq_len: int, dims: dict, device: str,

@@ -84,6 +84,7 @@ class OperatorSpec:
     kernel_proj: Projection = Projection()
     premise_proj: Projection = Projection()
     realisation: str = "einsum"
+    kernel_dropout: bool = False
     remark: str = ""
 
     # -- derived views -------------------------------------------------------------------------
@@ -137,7 +138,7 @@ class OperatorSpec:
 
 _FIELDS = {
     "symbol", "name", "typing", "kernel", "premise", "output", "bdim", "rdim", "activation",
-    "mask", "sizes", "kernel_proj", "premise_proj", "realisation", "remark",
+    "mask", "sizes", "kernel_proj", "premise_proj", "realisation", "kernel_dropout", "remark",
 }
 _REQUIRED = ("symbol", "name", "typing", "kernel", "premise", "output", "bdim", "rdim")
 
@@ -277,6 +278,9 @@ def parse_spec(data: Mapping[str, object]) -> OperatorSpec:
     realisation = data.get("realisation", "einsum")
     if realisation not in REALISATIONS:
         fail("realisation")(f"expected {choices(REALISATIONS)}, got {realisation!r}")
+    kernel_dropout = data.get("kernel_dropout", False)
+    if not isinstance(kernel_dropout, bool):
+        fail("kernel_dropout")(f"expected true or false, got {kernel_dropout!r}")
     remark = data.get("remark", "")
     if not isinstance(remark, str):
         fail("remark")(f"expected a string, got {remark!r}")
@@ -296,6 +300,7 @@ def parse_spec(data: Mapping[str, object]) -> OperatorSpec:
         kernel_proj=_projection(data.get("kernel_proj"), fail=fail("kernel_proj")),
         premise_proj=_projection(data.get("premise_proj"), fail=fail("premise_proj")),
         realisation=realisation,
+        kernel_dropout=kernel_dropout,
         remark=remark,
     )
 
@@ -317,5 +322,6 @@ def spec_to_dict(spec: OperatorSpec) -> dict[str, object]:
         "kernel_proj": {"bias": spec.kernel_proj.bias, "scale": spec.kernel_proj.scale},
         "premise_proj": {"bias": spec.premise_proj.bias, "scale": spec.premise_proj.scale},
         "realisation": spec.realisation,
+        "kernel_dropout": spec.kernel_dropout,
         "remark": spec.remark,
     }

@@ -1,0 +1,106 @@
+"""Our checkpoint format: a directory with ``config.json`` and ``model.safetensors``.
+
+``config.json`` carries everything needed to rebuild the model: the architecture string, the
+model config, the head, and the spec of every non-built-in operator the string uses (so loading
+needs no registration code). Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from folnet.arch.config import ModelConfig
+from folnet.arch.model import FolnetModel
+from folnet.errors import FolnetError
+from folnet.io import atomic_write, atomic_write_json
+from folnet.ops.registry import get_operator, register_operator
+from folnet.ops.spec import parse_spec
+
+FORMAT = "folnet"
+VERSION = 1
+
+
+def model_metadata(model: FolnetModel) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "ops": str(model.plan),
+        "kind": model.cfg.kind,
+        "head": model.head,
+        "num_labels": model.num_labels,
+        "model": model.cfg.to_dict(),
+    }
+
+
+def save_pretrained(model: FolnetModel, directory: str | Path,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` into ``directory``."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write(directory / "model.safetensors",
+                 lambda p: save_file(state, str(p), metadata={"format": FORMAT}))
+    atomic_write_json(directory / "config.json", {**model_metadata(model), **(extra or {})})
+    return directory
+
+
+def read_metadata(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise FolnetError(f"checkpoint {str(directory)!r} has no config.json")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FolnetError(f"{path}: corrupt config.json ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise FolnetError(f"{path}: not a folnet checkpoint (format {meta.get('format')!r})")
+    return meta
+
+
+def ensure_operators(cfg: ModelConfig) -> None:
+    """Register the custom operators a checkpoint carries (or check they match)."""
+    for items in cfg.operators:
+        spec = parse_spec(dict(items))
+        try:
+            existing = get_operator(spec.symbol)
+        except FolnetError:
+            register_operator(spec)
+            continue
+        if existing != spec:
+            raise FolnetError(f"checkpoint operator {spec.symbol!r} ({spec.name}) differs from "
+                              f"the registered {existing.symbol!r} ({existing.name}); "
+                              f"unregister it first")
+
+
+def from_pretrained(directory: str | Path, *, map_location: str = "cpu") -> FolnetModel:
+    """Rebuild a model saved with `save_pretrained` (weights loaded strictly)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    meta = read_metadata(directory)
+    cfg = ModelConfig.from_dict(meta["model"])
+    ensure_operators(cfg)
+    if cfg.kind != "encoder":
+        from folnet.arch import text2text
+
+        model = text2text.from_config(cfg, head=meta.get("head"))
+    else:
+        model = FolnetModel(cfg, head=meta.get("head"), num_labels=int(meta.get("num_labels", 2)))
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise FolnetError(f"checkpoint {str(directory)!r} has no model.safetensors")
+    try:
+        state = load_file(str(weights), device=map_location)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise FolnetError(f"{weights}: corrupt or truncated weights ({exc})") from None
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise FolnetError(f"{weights}: missing keys {result.missing_keys[:8]}, unexpected keys "
+                          f"{result.unexpected_keys[:8]}")
+    return model.to(map_location)
+

@@ -1,0 +1,91 @@
+"""`folnet info`: parameters per component, FLOPs per sequence, activation memory estimates.
+
+The model is built on the ``meta`` device, so even the large preset costs no memory or time:
+FLOPs come from ``torch.utils.flop_counter`` over a forward (and forward+backward = 3x) pass on
+meta tensors, activation memory from the tensors autograd saves for the backward pass.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from folnet.arch.model import FolnetModel
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    ops: str
+    seq_len: int
+    params: dict[str, int]  # component -> parameter count
+    total_params: int
+    flops_forward: int  # per sequence
+    activation_bytes: int  # saved for backward, per sequence, float32
+
+    def render(self) -> str:
+        width = max(len(k) for k in self.params)
+        lines = [f"FOLNet {self.ops!r}  (T = {self.seq_len})", "", "parameters:"]
+        lines += [f"  {k:<{width}}  {v:>14,}" for k, v in self.params.items()]
+        lines += [f"  {'total':<{width}}  {self.total_params:>14,}", ""]
+        lines.append(f"FLOPs per sequence: forward {self.flops_forward / 1e9:,.2f} GFLOP, "
+                     f"training step ~{3 * self.flops_forward / 1e9:,.2f} GFLOP")
+        lines.append(f"FLOPs per token:    forward {self.flops_forward / self.seq_len / 1e6:,.1f}"
+                     f" MFLOP")
+        lines.append(f"activation memory (saved for backward, float32): "
+                     f"{self.activation_bytes / 2**20:,.1f} MiB per sequence")
+        return "\n".join(lines)
+
+
+def parameter_breakdown(model: FolnetModel) -> dict[str, int]:
+    """Parameter counts per component: embeddings, each operator (projections + output), the two
+    FFNs, the pooler and the head. Operator shares are read off the fused layout."""
+    counts: dict[str, int] = defaultdict(int)
+    enc = model.encoder
+    for name, p in enc.atoms.named_parameters():
+        counts[f"embedding.{name.split('.')[0]}"] += p.numel()
+    for layer in enc.layers:
+        nb = {"U": 0, "B": 0}
+        for slot in layer.slots:
+            key = f"operator {slot.spec.symbol} ({slot.spec.name})"
+            for seg in (slot.kernel, slot.premise):
+                d_in = model.cfg.D1 if seg.stream == "U" else model.cfg.D2
+                counts[key] += seg.width * d_in + (seg.width if seg.bias else 0)
+            d_out = model.cfg.D1 if slot.spec.typing.output == "U" else model.cfg.D2
+            counts[key] += slot.out_width * d_out + d_out
+            nb[slot.spec.typing.output] += 1
+        counts["ffn (unary)"] += sum(p.numel() for p in layer.ffn_u.parameters())
+        counts["ffn (binary)"] += sum(p.numel() for p in layer.ffn_b.parameters())
+        for name in ("rel_key", "rel_value"):
+            if hasattr(layer, name):
+                counts["rpe* tables"] += getattr(layer, name).numel()
+    counts["pooler"] = sum(p.numel() for p in enc.pooler.parameters())
+    head = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("encoder."))
+    if head:
+        counts[f"head ({model.head})"] = head
+    return dict(counts)
+
+
+def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
+    """Count parameters, FLOPs and saved activations of ``model`` (any device; meta is best)."""
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[id(t)] = t.numel() * t.element_size()
+        return t
+
+    was_training = model.training
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with FlopCounterMode(display=False) as counter:
+            model.encoder(ids, torch.zeros_like(ids), None)
+    model.train(was_training)
+    params = parameter_breakdown(model)
+    return ModelInfo(ops=str(model.plan), seq_len=seq_len, params=params,
+                     total_params=sum(p.numel() for p in model.parameters()),
+                     flops_forward=int(counter.get_total_flops()),
+                     activation_bytes=sum(saved.values()))

@@ -1,0 +1,236 @@
+"""One dual-branch FOLNet layer: the mixer stage (all operators of the plan, read through one
+fused projection per stream and written through one fused output projection per stream), then
+the Boolean FFN stage on both streams. Pre-LayerNorm without affine parameters, residual adds.
+
+Key to shapes: B batch, T tokens, D1/D2 unary/binary widths, N1/N2 the fused projection widths
+(the concatenated kernel and premise channels each stream feeds), M1/M2 the concatenated
+operator output channels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folnet.arch.config import ModelConfig
+from folnet.arch.plan import LayerPlan
+from folnet.ops import masks
+from folnet.ops.compiler import CompiledOperator, compile_operator
+from folnet.ops.sizes import evaluate, evaluate_int
+from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A kernel or premise: where its channels sit in its stream's fused projection."""
+
+    stream: str  # "U" or "B"
+    start: int
+    width: int
+    channels: tuple[int, ...]  # channel sizes in the spec's index-list order
+    bias: bool
+
+
+@dataclass(frozen=True)
+class OperatorSlot:
+    """Static facts of one operator inside a layer, computed once at build time."""
+
+    spec: OperatorSpec
+    kernel: Segment
+    premise: Segment
+    out_start: int  # offset of its output channels in its stream's fused output projection
+    out_width: int
+    kernel_scale: float  # applied before the softmax (softmax kernels only)
+    out_scale: float  # every other constant scale, folded onto the (smaller) output
+
+
+def _natural(idx: tuple[str, ...]) -> tuple[str, ...]:
+    """Token letters first (in order), then channel letters (in order): how a projection lays a
+    tensor out before it is permuted into the spec's index order."""
+    return tuple(c for c in idx if c in TOKEN_LETTERS) + tuple(
+        c for c in idx if c not in TOKEN_LETTERS)
+
+
+def _perm(src: tuple[str, ...], dst: tuple[str, ...]) -> list[int] | None:
+    if src == dst:
+        return None
+    return [0] + [1 + src.index(c) for c in dst]
+
+
+class FusedProjection(nn.Module):
+    """One Linear producing every segment a stream feeds; biases only where segments have one."""
+
+    def __init__(self, d_in: int, segments: list[Segment]):
+        super().__init__()
+        self.width = sum(s.width for s in segments)
+        self.weight = nn.Parameter(torch.empty(self.width, d_in))
+        biased = [i for s in segments if s.bias for i in range(s.start, s.start + s.width)]
+        self.full_bias = len(biased) == self.width
+        self.bias = nn.Parameter(torch.zeros(len(biased))) if biased else None
+        self.register_buffer("bias_index", torch.tensor(biased, dtype=torch.long),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias
+        if bias is not None and not self.full_bias:
+            bias = bias.new_zeros(self.width).index_copy(0, self.bias_index, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class FusedOutput(nn.Module):
+    """One Linear over the concatenated operator outputs, one bias per operator (summed), as the
+    released per-operator output Linears are."""
+
+    def __init__(self, d_in: int, d_out: int, num_ops: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        self.bias = nn.Parameter(torch.zeros(num_ops, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias.sum(0))
+
+
+class BinaryFFN(nn.Module):
+    """The binary Boolean stage: ``[u2(x,y), u2(y,x)] -> Linear -> GELU -> Linear`` plus a skip
+    Linear of ``u2(y,x)``."""
+
+    def __init__(self, d2: int, f2: int):
+        super().__init__()
+        self.inp = nn.Linear(2 * d2, f2)
+        self.out = nn.Linear(f2, d2)
+        self.skip = nn.Linear(d2, d2)
+
+    def forward(self, n2: torch.Tensor) -> torch.Tensor:
+        n2t = n2.transpose(1, 2)  # (B, T, T, D2) u2(y, x)
+        hidden = F.gelu(self.inp(torch.cat([n2, n2t], dim=-1)))  # (B, T, T, F2)
+        return self.out(hidden) + self.skip(n2t)
+
+
+class UnaryFFN(nn.Module):
+    def __init__(self, d1: int, f1: int):
+        super().__init__()
+        self.inp = nn.Linear(d1, f1)
+        self.out = nn.Linear(f1, d1)
+
+    def forward(self, n1: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.inp(n1)))
+
+
+def build_slots(plan: LayerPlan, cfg: ModelConfig) -> tuple[list[OperatorSlot], dict, dict]:
+    """Lay every operator's kernel, premise and output channels out in the fused projections."""
+    dims = cfg.dims
+    offsets = {"U": 0, "B": 0}
+    out_offsets = {"U": 0, "B": 0}
+    segments: dict[str, list[Segment]] = {"U": [], "B": []}
+    slots = []
+    for spec in plan.ops:
+        sizes = {c: evaluate_int(e, dims, what=f"operator {spec.symbol!r} size of {c}")
+                 for c, e in spec.sizes}
+        segs = {}
+        for role in ("kernel", "premise"):
+            stream = spec.stream(role)
+            channels = tuple(sizes[c] for c in spec.channels(role))
+            proj = spec.kernel_proj if role == "kernel" else spec.premise_proj
+            seg = Segment(stream, offsets[stream], math.prod(channels), channels, proj.bias)
+            offsets[stream] += seg.width
+            segments[stream].append(seg)
+            segs[role] = seg
+        ks = evaluate(spec.kernel_proj.scale, dims)
+        ps = evaluate(spec.premise_proj.scale, dims)
+        softmax = spec.activation == "softmax"
+        out_stream = spec.typing.output
+        width = math.prod(sizes[c] for c in spec.channels("output"))
+        slots.append(OperatorSlot(spec, segs["kernel"], segs["premise"], out_offsets[out_stream],
+                                  width, ks if softmax else 1.0, ps * (1.0 if softmax else ks)))
+        out_offsets[out_stream] += width
+    return slots, segments, out_offsets
+
+
+class FolnetLayer(nn.Module):
+    """Mixer stage then FFN stage, both pre-LN with residual adds, on both streams."""
+
+    def __init__(self, plan: LayerPlan, cfg: ModelConfig, *, causal: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.plan = plan
+        self.causal = causal
+        self.slots, segments, widths = build_slots(plan, cfg)
+        self.proj_u = FusedProjection(cfg.D1, segments["U"]) if segments["U"] else None
+        self.proj_b = FusedProjection(cfg.D2, segments["B"]) if segments["B"] else None
+        self.out_u = FusedOutput(widths["U"], cfg.D1, len(plan.unary)) if plan.unary else None
+        self.out_b = FusedOutput(widths["B"], cfg.D2, len(plan.binary)) if plan.binary else None
+        self.ffn_u = UnaryFFN(cfg.D1, cfg.F1)
+        self.ffn_b = BinaryFFN(cfg.D2, cfg.F2)
+        self.kernels: list[CompiledOperator] = [
+            compile_operator(slot.spec, cfg.backend, causal=causal) for slot in self.slots]
+        self.dropout = nn.Dropout(cfg.dropout)
+        if cfg.position == "rpe*":
+            # Shaw-style static relative embeddings (paper Appendix C): keys inside `a`,
+            # values inside `j`, one table per layer indexed by the clipped-distance id.
+            self.rel_key = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
+            self.rel_value = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
+
+    def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
+
+    @staticmethod
+    def _take(proj: torch.Tensor, seg: Segment, idx: tuple[str, ...]) -> torch.Tensor:
+        x = proj[..., seg.start : seg.start + seg.width].unflatten(-1, seg.channels)
+        perm = _perm(_natural(idx), idx)
+        return x if perm is None else x.permute(perm)
+
+    def mixer(self, u1, u2, pad, rel_ids):
+        """u1 (B, T, D1), u2 (B, T, T, D2) -> both updated by every operator of the plan."""
+        n1 = self._norm(u1, self.cfg.D1)
+        n2 = self._norm(u2, self.cfg.D2)
+        proj = {"U": self.proj_u(n1) if self.proj_u is not None else None,  # (B, T, N1)
+                "B": self.proj_b(n2) if self.proj_b is not None else None}  # (B, T, T, N2)
+        outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
+        p = self.cfg.kernel_dropout if self.training else 0.0
+        for slot, kernel_fn in zip(self.slots, self.kernels, strict=True):
+            spec = slot.spec
+            K = self._take(proj[slot.kernel.stream], slot.kernel, spec.kernel)
+            v = self._take(proj[slot.premise.stream], slot.premise, spec.premise)
+            if slot.kernel_scale != 1.0:
+                K = K * slot.kernel_scale
+            out = kernel_fn(K, v, pad, dropout_p=p if spec.kernel_dropout else 0.0)
+            if self.cfg.position == "rpe*":
+                out = out + self._static_relative(spec, K, rel_ids, pad)
+            perm = _perm(spec.output, _natural(spec.output))
+            out = (out if perm is None else out.permute(perm)).flatten(-len(spec.channels(
+                "output")))  # (B, T[, T], width)
+            if slot.out_scale != 1.0:
+                out = out * slot.out_scale
+            outs[spec.typing.output].append(out)
+        if outs["U"]:
+            u1 = u1 + self.dropout(self.out_u(torch.cat(outs["U"], -1)))  # (B, T, D1)
+        if outs["B"]:
+            u2 = u2 + self.dropout(self.out_b(torch.cat(outs["B"], -1)))  # (B, T, T, D2)
+        return u1, u2
+
+    def _static_relative(self, spec, K, rel_ids, pad):
+        """RPE*: the degenerate m (in j) and p (in a) with static per-distance embeddings."""
+        if spec.name == "join":  # + sum_a softmax(K_h(x, a)) r_s(id(x, a))
+            keep = masks.kernel_keep(spec, spec.kernel, K.shape[1], K.device,
+                                     causal=self.causal, pad=pad)
+            if keep is not None:
+                K = K.masked_fill(~keep, masks.fill_value(K.dtype))
+            probs = torch.softmax(K, dim=2)  # (B, X, A, H)
+            onehot = F.one_hot(rel_ids, self.rel_value.shape[0]).to(probs.dtype)  # (B,X,A,R)
+            return torch.einsum("bxah,bxar,rs->bxhs", probs, onehot, self.rel_value)
+        if spec.name == "assoc":  # + sum_w q_hw(x) r_w(id(x, y))
+            scores = torch.einsum("bxhw,rw->bxhr", K, self.rel_key)  # (B, X, H, R)
+            index = rel_ids.unsqueeze(2).expand(-1, -1, scores.shape[2], -1)  # (B, X, H, Y)
+            # (B, X, Y, H); the operator's constant scale is applied to the sum by the caller
+            return scores.gather(3, index).permute(0, 1, 3, 2)
+        return 0.0
+
+    def forward(self, u1, u2, pad=None, rel_ids=None):
+        u1, u2 = self.mixer(u1, u2, pad, rel_ids)
+        u1 = u1 + self.dropout(self.ffn_u(self._norm(u1, self.cfg.D1)))
+        u2 = u2 + self.dropout(self.ffn_b(self._norm(u2, self.cfg.D2)))
+        return u1, u2

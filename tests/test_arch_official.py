@@ -1,0 +1,123 @@
+"""The released-format fixture reproduces its reference outputs; conversion; parameter counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import folnet
+from folnet.cli import main as cli_main
+
+# A copy of ../shared/fixtures/official (made by the released FOLNet code) kept in the repository
+# so that a clean clone tests against it.
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "official"
+PREFIX = FIXTURE / "tiny-jmc.atp"
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    if not Path(str(PREFIX) + ".pt").is_file():
+        pytest.fail(f"the released-format fixture is missing at {PREFIX}")
+    return torch.load(str(PREFIX) + ".reference.pt", weights_only=True)
+
+
+def _check(model, reference):
+    with torch.no_grad():
+        out = model(reference["input_ids"], reference["token_type_ids"])
+    for name, got in (("sequence_output", out.sequence_output),
+                      ("pooled_output", out.pooled_output),
+                      ("relation_output", out.relation_output),
+                      ("mlm_logits", out.mlm_logits), ("nsp_logits", out.nsp_logits)):
+        assert got.shape == reference[name].shape, name
+        assert _rel(got, reference[name]) < 1e-5, name
+
+
+def test_official_fixture_reproduces_reference_outputs(reference):
+    model = folnet.load_official(PREFIX)
+    assert str(model.plan) == "jmc.atp" and model.head == "pretraining"
+    _check(model, reference)
+
+
+@pytest.mark.parametrize("backend", ["einsum", "sdpa"])
+def test_fixture_matches_on_every_cpu_backend(reference, backend):
+    model = folnet.load_official(PREFIX)
+    for layer in model.encoder.layers:
+        layer.kernels = [folnet.compile_operator(s.spec, backend) if
+                         backend == "einsum" or s.spec.symbol in "jmct" else k
+                         for s, k in zip(layer.slots, layer.kernels, strict=True)]
+    _check(model, reference)
+
+
+def test_padding_mask_all_ones_is_the_released_computation(reference):
+    model = folnet.load_official(PREFIX)
+    ids, types = reference["input_ids"], reference["token_type_ids"]
+    with torch.no_grad():
+        a = model(ids, types).sequence_output
+        b = model(ids, types, attention_mask=torch.ones_like(ids)).sequence_output
+    assert torch.equal(a, b)
+
+
+def test_convert_cli_round_trip(reference, tmp_path, capsys):
+    assert cli_main(["convert", str(PREFIX), str(tmp_path / "conv")]) == 0
+    assert "jmc.atp" in capsys.readouterr().out
+    model = folnet.from_pretrained(tmp_path / "conv").eval()
+    _check(model, reference)
+
+
+def test_official_errors_name_the_keys(tmp_path):
+    sd = torch.load(str(PREFIX) + ".pt", weights_only=True)
+    cfg = (str(PREFIX) + ".cfg")
+    bad = tmp_path / "bad"
+    (tmp_path / "bad.cfg").write_text(Path(cfg).read_text())
+    broken = dict(sd)
+    broken.pop("folnet.reasoner.layers.1.deducers.0.operators.2.1.writer.bias")
+    broken["folnet.extra.weight"] = torch.zeros(1)
+    torch.save(broken, str(bad) + ".pt")
+    with pytest.raises(folnet.FolnetError,
+                       match=r"missing key 'folnet\.reasoner\.layers\.1\.deducers\.0\.operators"
+                             r"\.2\.1\.writer\.bias'"):
+        folnet.load_official(bad)
+    broken = dict(sd)
+    broken["folnet.extra.weight"] = torch.zeros(1)
+    torch.save(broken, str(bad) + ".pt")
+    with pytest.raises(folnet.FolnetError, match=r"unknown or unused key\(s\) "
+                                                 r"\['folnet\.extra\.weight'\]"):
+        folnet.load_official(bad)
+    broken = dict(sd)
+    broken["folnet.dense.weight"] = torch.zeros(3, 3)
+    torch.save(broken, str(bad) + ".pt")
+    with pytest.raises(folnet.FolnetError, match=r"'folnet\.dense\.weight' has shape \(3, 3\), "
+                                                 r"expected \(64, 64\)"):
+        folnet.load_official(bad)
+    with pytest.raises(folnet.FolnetError, match="does not exist"):
+        folnet.load_official(tmp_path / "nothing")
+
+
+ROWS = [  # DESIGN.md section 3: released encoder parameter counts, base size, vocab 30522
+    ("j.a", 12, "ape", 109_567_728),
+    ("j.a", 12, "rpe", 109_176_072),
+    ("jm.ap", 12, "rpe", 123_373_080),
+    ("j.a", 16, "rpe", 109_216_096),
+    ("j.a", 32, "rpe", 109_380_032),
+    ("j.a", 64, "rpe", 109_726_336),
+    ("j.at", 64, "rpe", 109_874_560),
+    ("j.atp", 64, "rpe", 117_021_568),
+    ("jm.atp", 64, "rpe", 124_167_040),
+    ("jmc.atp", 64, "rpe", 138_381_952),
+    ("jmc.atp", 12, "rpe", 137_553_384),
+]
+
+
+@pytest.mark.parametrize(("ops", "d2", "position", "released"), ROWS)
+def test_parameter_counts_match_released(ops, d2, position, released):
+    with torch.device("meta"):
+        model = folnet.build_model(ops, preset="base", vocab_size=30522, D2=d2,
+                                   position=position)
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count - released) / released < 1e-3, (count, released)
