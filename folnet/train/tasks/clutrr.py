@@ -1,0 +1,103 @@
+"""Reader for CLUTRR (kinship reasoning) CSV files as published (``<levels>_train.csv``,
+``<level>_test.csv``).
+
+The columns used are ``story`` (segment A), ``query`` (a Python tuple literal of two names,
+e.g. ``"('Anna', 'Tom')"``) and ``target`` (the relation name). The query becomes segment B
+as a question, "How is Tom related to Anna?", following CLUTRR's convention that the target
+relation r of the query (a, b) reads "b is a's r". The label set is not fixed in advance:
+it is the sorted set of targets in the train file(s), so a test file whose target never occurs
+in training is an error rather than an unlearnable class.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from folnet.errors import FolnetError
+from folnet.train.tasks.base import Example, TaskSpec
+
+_COLUMNS = ("story", "query", "target")
+
+
+def question(query: tuple[str, str]) -> str:
+    """Segment B for a query pair (a, b): asks for b's relation to a."""
+    first, second = query
+    return f"How is {second} related to {first}?"
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """(1-based line where the record starts, {column: value}) for every data record. Stories
+    may contain quoted commas (and in principle newlines), so this is a standard CSV read."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle)
+        header: list[str] | None = None
+        start = 1
+        for fields in reader:
+            line, start = start, reader.line_num + 1
+            if not fields:
+                continue
+            if header is None:
+                header = fields
+                missing = [c for c in _COLUMNS if c not in header]
+                if missing:
+                    raise FolnetError(
+                        f"{path}:{line}: the header {header!r} lacks column(s) {missing!r}"
+                    )
+                continue
+            if len(fields) != len(header):
+                raise FolnetError(
+                    f"{path}:{line}: expected {len(header)} comma-separated columns (as the "
+                    f"header has) but found {len(fields)}"
+                )
+            yield line, dict(zip(header, fields, strict=True))
+        if header is None:
+            raise FolnetError(f"{path}: the file is empty (expected a header row)")
+
+
+def _parse_query(raw: str, where: str) -> tuple[str, str]:
+    try:
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        value = None
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or not all(isinstance(v, str) for v in value)
+    ):
+        raise FolnetError(f"{where}: query {raw!r} is not a pair of names like \"('Anna', 'Tom')\"")
+    return value[0], value[1]
+
+
+def clutrr_labels(paths: Sequence[Path]) -> tuple[str, ...]:
+    """The sorted set of targets over the given (train) files."""
+    targets = set()
+    for path in paths:
+        for line, record in _records(path):
+            target = record["target"].strip()
+            if not target:
+                raise FolnetError(f"{path}:{line}: empty target")
+            targets.add(target)
+    if not targets:
+        raise FolnetError(f"no CLUTRR records in {[str(p) for p in paths]!r}")
+    return tuple(sorted(targets))
+
+
+def read_clutrr(task: TaskSpec, paths: Sequence[Path], split: str) -> list[Example]:
+    """Examples of the given CLUTRR files. ``task.labels`` must already hold the train
+    label set (`read_split` fills it in); guids are ``<file stem>-<line>``."""
+    out = []
+    for path in paths:
+        for line, record in _records(path):
+            where = f"{path}:{line}"
+            names = _parse_query(record["query"], where)
+            target = record["target"].strip()
+            if task.labels is not None and target not in task.labels:
+                raise FolnetError(
+                    f"{where}: label {target!r} does not occur in the CLUTRR train file(s); "
+                    f"train labels: {', '.join(task.labels)}"
+                )
+            out.append(Example(f"{path.stem}-{line}", record["story"], question(names), target))
+    return out

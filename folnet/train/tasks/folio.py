@@ -1,0 +1,60 @@
+"""Reader for FOLIO (natural-language first-order-logic reasoning) jsonl files.
+
+Each line is a JSON object with ``premises`` (a list of sentences in FOLIO v1, one string in
+v2), ``conclusion`` and ``label``. The premises become segment A (list items joined with
+single spaces) and the conclusion segment B, so the model sees "premises [SEP] conclusion".
+FOLIO v2 spells the third label "Uncertain" where v1 says "Unknown"; both map to "Unknown" so
+that one label set covers both releases.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from folnet.errors import FolnetError
+from folnet.train.tasks.base import Example, TaskSpec
+
+_ALIASES = {"Uncertain": "Unknown"}
+
+
+def _text(value: object, field: str, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if field == "premises":
+            return " ".join(v.strip() for v in value)
+    raise FolnetError(f"{where}: field {field!r} must be a string, got {value!r}")
+
+
+def read_folio(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
+    """Examples of one FOLIO jsonl file; blank lines are allowed, anything else that is not a
+    JSON object with the three fields is an error quoting the file and 1-based line."""
+    path = Path(path)
+    out = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise FolnetError(f"{where}: not a valid JSON line ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise FolnetError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            missing = [k for k in ("premises", "conclusion") if k not in record]
+            if missing:
+                raise FolnetError(f"{where}: missing field(s) {missing!r}")
+            premises = _text(record["premises"], "premises", where)
+            conclusion = _text(record["conclusion"], "conclusion", where)
+            if "label" not in record or record["label"] is None:
+                if not split.startswith("test"):
+                    raise FolnetError(f"{where}: missing field 'label' in a {split} file")
+                label = None
+            else:
+                raw = str(record["label"])
+                label = _ALIASES.get(raw, raw)
+                task.label_id(label, where)
+            out.append(Example(f"{split}-{line_no}", premises, conclusion, label))
+    return out

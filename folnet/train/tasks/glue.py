@@ -1,0 +1,129 @@
+"""Readers for the GLUE TSV files exactly as distributed (``glue_data/<TASK>/*.tsv``).
+
+Columns are found by header name rather than position because the layouts differ between
+splits of one task (MNLI dev has five annotator columns that train lacks, test files lack the
+label). CoLA's train/dev files are the exception: they have no header and four fixed columns
+(source, label, original mark, sentence). Files are read with ``csv.QUOTE_NONE`` because
+GLUE sentences contain unbalanced quote characters that are text, not quoting. Every row must
+have as many fields as the header; a short or long row is an error quoting the file and its
+1-based line, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from folnet.errors import FolnetError
+from folnet.train.tasks.base import Example, TaskSpec
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Header names of the columns one GLUE task uses (None: the task has no such column)."""
+
+    text_a: str
+    text_b: str | None
+    label: str
+
+
+_LAYOUTS = {
+    "glue/mnli": _Layout("sentence1", "sentence2", "gold_label"),
+    "glue/qqp": _Layout("question1", "question2", "is_duplicate"),
+    "glue/qnli": _Layout("question", "sentence", "label"),
+    "glue/sst2": _Layout("sentence", None, "label"),
+    "glue/cola": _Layout("sentence", None, "label"),
+    "glue/stsb": _Layout("sentence1", "sentence2", "score"),
+    "glue/mrpc": _Layout("#1 String", "#2 String", "Quality"),
+    "glue/rte": _Layout("sentence1", "sentence2", "label"),
+}
+
+_COLA_COLUMNS = ("source", "label", "original_mark", "sentence")
+
+
+def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(1-based line number, fields) for every non-blank line. ``utf-8-sig`` drops the byte
+    order mark that MRPC's files start with; with QUOTE_NONE one record is one line."""
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        for fields in reader:
+            if fields:
+                yield reader.line_num, fields
+
+
+def _check_width(path: Path, line: int, fields: list[str], width: int, what: str) -> None:
+    if len(fields) != width:
+        shown = "\t".join(fields)
+        shown = shown if len(shown) <= 120 else shown[:117] + "..."
+        raise FolnetError(
+            f"{path}:{line}: expected {width} tab-separated columns ({what}) but found "
+            f"{len(fields)}: {shown!r}"
+        )
+
+
+def _parse_label(task: TaskSpec, raw: str, where: str) -> str | float:
+    if task.kind == "regression":
+        try:
+            value = float(raw)
+        except ValueError:
+            raise FolnetError(f"{where}: score {raw!r} is not a number") from None
+        if value != value:  # NaN
+            raise FolnetError(f"{where}: score {raw!r} is not a number")
+        return value
+    task.label_id(raw, where)  # raises with the valid labels when unknown
+    return raw
+
+
+def _read_cola_headerless(task: TaskSpec, path: Path, split: str) -> list[Example]:
+    out = []
+    what = "source, label, original mark, sentence; CoLA train/dev files have no header"
+    for line, fields in _rows(path):
+        _check_width(path, line, fields, len(_COLA_COLUMNS), what)
+        where = f"{path}:{line}"
+        label = _parse_label(task, fields[1], where)
+        out.append(Example(f"{split}-{line}", fields[3], None, label))
+    return out
+
+
+def read_glue(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
+    """Examples of one GLUE split file. A split whose file has no label column (the
+    published test files) is read with ``label=None``; a train/dev file without one is an
+    error, since silently training on unlabelled rows would be a bug."""
+    path = Path(path)
+    layout = _LAYOUTS.get(task.name)
+    if layout is None:
+        raise FolnetError(f"read_glue: {task.name!r} is not a GLUE task")
+    if task.name == "glue/cola" and not split.startswith("test"):
+        return _read_cola_headerless(task, path, split)
+    rows = _rows(path)
+    try:
+        header_line, header = next(rows)
+    except StopIteration:
+        raise FolnetError(f"{path}: the file is empty (expected a header row)") from None
+    columns = {name: i for i, name in enumerate(header)}
+
+    def column(name: str) -> int:
+        if name not in columns:
+            raise FolnetError(f"{path}:{header_line}: no {name!r} column in the header {header!r}")
+        return columns[name]
+
+    ia = column(layout.text_a)
+    ib = column(layout.text_b) if layout.text_b is not None else None
+    if layout.label in columns:
+        il: int | None = columns[layout.label]
+    elif split.startswith("test"):
+        il = None
+    else:
+        column(layout.label)  # raises: a labelled split needs its label column
+        il = None
+    what = "as many as the header has"
+    out = []
+    for line, fields in rows:
+        _check_width(path, line, fields, len(header), what)
+        where = f"{path}:{line}"
+        label = None if il is None else _parse_label(task, fields[il], where)
+        text_b = None if ib is None else fields[ib]
+        out.append(Example(f"{split}-{line}", fields[ia], text_b, label))
+    return out

@@ -1,0 +1,278 @@
+"""SQuAD 2.0: reading the published JSON, sliding-window features, and answer decoding.
+
+A context longer than one input is cut into overlapping windows. Each feature is
+``[CLS] question [SEP] window [SEP]`` (question first, as segment A, truncated to
+``max_query_len`` tokens). ``doc_stride`` follows BERT's convention: it is the step between
+the first tokens of consecutive windows, so with max_len 384 and a short question the
+windows overlap by roughly 190 tokens and every answer of up to ~190 tokens is wholly inside
+some window. Answer character spans are mapped to tokens with the tokenizer's character
+offsets, which point into the original (un-normalised) context; an unanswerable question, or
+an answer not wholly inside a window, targets position 0 ([CLS]), the "no answer" slot.
+
+Post-processing picks, per question, the best-scoring valid span (start <= end, at most
+``max_answer_len`` tokens, both inside the context) over all windows and compares it with the
+null score, the smallest ``start[0] + end[0]`` over the windows: predicting "no answer" is
+safest judged by the window that is least sure there is none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from folnet.errors import FolnetError
+from folnet.train.tasks.encode import plain_tokenizer, special_ids
+
+
+@dataclass(frozen=True)
+class SquadAnswer:
+    text: str
+    start: int  # character offset into the context
+
+
+@dataclass(frozen=True)
+class SquadExample:
+    """One question; ``answers`` is empty when ``is_impossible``."""
+
+    qid: str
+    title: str
+    question: str
+    context: str
+    answers: tuple[SquadAnswer, ...]
+    is_impossible: bool
+
+
+@dataclass(frozen=True)
+class SquadFeature:
+    """One window of one question. ``offset_mapping[i]`` is the (start, end) character span in
+    the context of token i, or None for question, special and pad tokens; answer decoding
+    only ever picks tokens whose offset is not None."""
+
+    example_id: str
+    window: int
+    input_ids: tuple[int, ...]
+    token_type_ids: tuple[int, ...]
+    attention_mask: tuple[bool, ...]
+    offset_mapping: tuple[tuple[int, int] | None, ...]
+    start_position: int
+    end_position: int
+
+
+def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise FolnetError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise FolnetError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def parse_squad(data: Mapping[str, Any], source: str = "<squad json>") -> list[SquadExample]:
+    """Examples of a parsed SQuAD v1.1/v2.0 JSON object (``is_impossible`` absent = False)."""
+    articles = _need(data, "data", list, source)
+    out = []
+    for a_idx, article in enumerate(articles):
+        title = str(article.get("title", "")) if isinstance(article, dict) else ""
+        for p_idx, paragraph in enumerate(
+            _need(article, "paragraphs", list, f"{source} data[{a_idx}]")
+        ):
+            where_p = f"{source} data[{a_idx}].paragraphs[{p_idx}]"
+            context = _need(paragraph, "context", str, where_p)
+            for qa in _need(paragraph, "qas", list, where_p):
+                qid = str(_need(qa, "id", (str, int), f"{where_p}.qas"))
+                where = f"{source} question {qid!r}"
+                question = _need(qa, "question", str, where)
+                impossible = bool(qa.get("is_impossible", False))
+                answers = []
+                if not impossible:
+                    for ans in _need(qa, "answers", list, where):
+                        text = _need(ans, "text", str, where)
+                        start = _need(ans, "answer_start", int, where)
+                        if start < 0 or start + len(text) > len(context):
+                            raise FolnetError(
+                                f"{where}: answer_start {start} with text {text!r} lies outside "
+                                f"the context ({len(context)} characters)"
+                            )
+                        answers.append(SquadAnswer(text, start))
+                    if not answers:
+                        raise FolnetError(f"{where}: answerable question with no answers")
+                out.append(SquadExample(qid, title, question, context, tuple(answers), impossible))
+    return out
+
+
+def read_squad(path: str | Path) -> list[SquadExample]:
+    """Examples of a SQuAD JSON file (``train-v2.0.json`` / ``dev-v2.0.json``)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FolnetError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    return parse_squad(data, str(path))
+
+
+def _answer_tokens(
+    offsets: Sequence[tuple[int, int]], answer: SquadAnswer, qid: str
+) -> tuple[int, int]:
+    """First and last context token overlapping the answer's character span."""
+    lo, hi = answer.start, answer.start + len(answer.text)
+    overlapping = [i for i, (s, e) in enumerate(offsets) if e > lo and s < hi]
+    if not overlapping:
+        raise FolnetError(
+            f"question {qid!r}: answer {answer.text!r} at character {lo} covers no token"
+        )
+    return overlapping[0], overlapping[-1]
+
+
+def encode_squad(
+    examples: Sequence[SquadExample],
+    tokenizer: Tokenizer,
+    max_len: int = 384,
+    doc_stride: int = 128,
+    max_query_len: int = 64,
+) -> list[SquadFeature]:
+    """Sliding-window features of every example (in order; one or more per example). The
+    training target is the first gold answer; evaluation uses `postprocess_predictions`."""
+    if doc_stride < 1:
+        raise FolnetError(f"doc_stride must be at least 1, got {doc_stride}")
+    specials = special_ids(tokenizer)
+    tokenizer = plain_tokenizer(tokenizer)
+    questions = tokenizer.encode_batch([ex.question for ex in examples], add_special_tokens=False)
+    unique_contexts = list(dict.fromkeys(ex.context for ex in examples))
+    encoded = tokenizer.encode_batch(unique_contexts, add_special_tokens=False)
+    by_context = {
+        c: (enc.ids, enc.offsets) for c, enc in zip(unique_contexts, encoded, strict=True)
+    }
+
+    features = []
+    for ex, q_enc in zip(examples, questions, strict=True):
+        q_ids = q_enc.ids[:max_query_len]
+        doc_ids, doc_offsets = by_context[ex.context]
+        room = max_len - len(q_ids) - 3
+        if room < 1:
+            raise FolnetError(
+                f"max_len {max_len} leaves no room for the context after a {len(q_ids)}-token "
+                "question and 3 special tokens"
+            )
+        span = None
+        if not ex.is_impossible:
+            span = _answer_tokens(doc_offsets, ex.answers[0], ex.qid)
+        start, window = 0, 0
+        while True:
+            length = min(len(doc_ids) - start, room)
+            ids = [
+                specials.cls,
+                *q_ids,
+                specials.sep,
+                *doc_ids[start : start + length],
+                specials.sep,
+            ]
+            offsets: list[tuple[int, int] | None] = [None] * (len(q_ids) + 2)
+            offsets += [tuple(o) for o in doc_offsets[start : start + length]]  # type: ignore[misc]
+            offsets.append(None)
+            types = [0] * (len(q_ids) + 2) + [1] * (length + 1)
+            first_doc = len(q_ids) + 2
+            s_pos = e_pos = 0
+            if span is not None and span[0] >= start and span[1] < start + length:
+                s_pos, e_pos = first_doc + span[0] - start, first_doc + span[1] - start
+            pad = max_len - len(ids)
+            features.append(
+                SquadFeature(
+                    example_id=ex.qid,
+                    window=window,
+                    input_ids=tuple(ids + [specials.pad] * pad),
+                    token_type_ids=tuple(types + [0] * pad),
+                    attention_mask=tuple([True] * len(ids) + [False] * pad),
+                    offset_mapping=tuple(offsets + [None] * pad),
+                    start_position=s_pos,
+                    end_position=e_pos,
+                )
+            )
+            if start + length >= len(doc_ids):
+                break
+            start += min(length, doc_stride)
+            window += 1
+    return features
+
+
+def features_to_tensors(features: Sequence[SquadFeature]) -> dict[str, torch.Tensor]:
+    """Batched model inputs and span targets of a list of features."""
+    if not features:
+        raise FolnetError("features_to_tensors got no features")
+    return {
+        "input_ids": torch.tensor([f.input_ids for f in features], dtype=torch.long),
+        "token_type_ids": torch.tensor([f.token_type_ids for f in features], dtype=torch.long),
+        "attention_mask": torch.tensor([f.attention_mask for f in features], dtype=torch.bool),
+        "start_positions": torch.tensor([f.start_position for f in features], dtype=torch.long),
+        "end_positions": torch.tensor([f.end_position for f in features], dtype=torch.long),
+    }
+
+
+def _as_array(logits: Any, name: str, features: Sequence[SquadFeature]) -> np.ndarray:
+    if hasattr(logits, "detach"):
+        logits = logits.detach().float().cpu().numpy()
+    arr = np.asarray(logits, dtype=np.float64)
+    width = len(features[0].input_ids) if features else 0
+    if arr.shape != (len(features), width):
+        raise FolnetError(
+            f"{name} has shape {arr.shape}, expected (num_features, seq_len) = "
+            f"({len(features)}, {width})"
+        )
+    return arr
+
+
+def postprocess_predictions(
+    examples: Sequence[SquadExample],
+    features: Sequence[SquadFeature],
+    start_logits: Any,
+    end_logits: Any,
+    n_best: int = 20,
+    max_answer_len: int = 30,
+    null_threshold: float = 0.0,
+) -> dict[str, str]:
+    """Answer text per question id ("" for no answer).
+
+    Per window, the ``n_best`` highest start and end logits are paired into candidate spans;
+    the best candidate over all windows (score start + end) is answered unless the null
+    score beats it by more than ``null_threshold``. The text is the context slice between
+    the candidate's first and last token offsets, so it keeps the original casing and spacing.
+    """
+    starts = _as_array(start_logits, "start_logits", features)
+    ends = _as_array(end_logits, "end_logits", features)
+    by_example: dict[str, list[int]] = defaultdict(list)
+    for i, feature in enumerate(features):
+        by_example[feature.example_id].append(i)
+
+    predictions = {}
+    for ex in examples:
+        rows = by_example.get(ex.qid)
+        if not rows:
+            raise FolnetError(f"question {ex.qid!r} has no features")
+        null_score = min(starts[r, 0] + ends[r, 0] for r in rows)
+        best_score, best_text = -np.inf, ""
+        for r in rows:
+            offsets = features[r].offset_mapping
+            top_s = np.argsort(-starts[r], kind="stable")[:n_best]
+            top_e = np.argsort(-ends[r], kind="stable")[:n_best]
+            for s in top_s:
+                if offsets[s] is None:
+                    continue
+                for e in top_e:
+                    if offsets[e] is None or e < s or e - s + 1 > max_answer_len:
+                        continue
+                    score = starts[r, s] + ends[r, e]
+                    if score > best_score:
+                        best_score = score
+                        best_text = ex.context[offsets[s][0] : offsets[e][1]]  # type: ignore[index]
+        if best_score == -np.inf or null_score - best_score > null_threshold:
+            predictions[ex.qid] = ""
+        else:
+            predictions[ex.qid] = best_text
+    return predictions
