@@ -178,3 +178,27 @@ def test_forced_backend_that_cannot_run_says_why():
         compile_operator("a", "sdpa")(k, v)
     with pytest.raises(folnet.FolnetError, match="backend 'cuda' is unknown"):
         compile_operator("a", "cuda")
+
+
+@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS))
+def test_prefix_visibility(symbol, backend):
+    """A PrefixLM's visibility: prefix positions see the whole prefix, targets stay causal."""
+    from folnet.ops.masks import prefix_visibility
+
+    spec = folnet.get_operator(symbol)
+    k, v = inputs(spec, dtype=torch.float32, seed=9)
+    _skip_unless(spec, backend, k, True)
+    op = compile_operator(symbol, backend, causal=True)
+    visible = prefix_visibility(torch.tensor([3, 3]), SIZES["x"])
+    base = op(k, v, visible=visible)
+    # nothing after the prefix leaks into positions <= 3
+    out = op(perturb_after(k, spec.kernel, 3, 1), perturb_after(v, spec.premise, 3, 2),
+             visible=visible)
+    assert torch.equal(leading(out, spec.output, 3), leading(base, spec.output, 3))
+    if spec.rdim == "a" and symbol != "c":
+        # prefix position 0 now depends on prefix position 2 (it would not under plain causal)
+        out = op(perturb_after(k, spec.kernel, 1, 3), perturb_after(v, spec.premise, 1, 4),
+                 visible=visible)
+        assert not torch.allclose(leading(out, spec.output, 0), leading(base, spec.output, 0))
+    with pytest.raises(folnet.FolnetError, match="visible must be a bool"):
+        op(k, v, visible=visible.long())

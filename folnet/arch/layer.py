@@ -215,8 +215,8 @@ class FolnetLayer(nn.Module):
     def _static_relative(self, spec, K, rel_ids, pad):
         """RPE*: the degenerate m (in j) and p (in a) with static per-distance embeddings."""
         if spec.name == "join":  # + sum_a softmax(K_h(x, a)) r_s(id(x, a))
-            keep = masks.kernel_keep(spec, spec.kernel, K.shape[1], K.device,
-                                     causal=self.causal, pad=pad)
+            order = masks.tril(K.shape[1], K.device) if self.causal else None
+            keep = masks.kernel_keep(spec, spec.kernel, order=order, pad=pad)
             if keep is not None:
                 K = K.masked_fill(~keep, masks.fill_value(K.dtype))
             probs = torch.softmax(K, dim=2)  # (B, X, A, H)

@@ -44,7 +44,7 @@ class Backend:
     def why_not(self, spec: OperatorSpec, call: Call) -> str | None:
         raise NotImplementedError
 
-    def run(self, spec, kernel, premise, pad, *, causal, dropout_p, ntok):
+    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
         raise NotImplementedError
 
 
@@ -64,11 +64,11 @@ class EinsumBackend(Backend):
     def why_not(self, spec, call):
         return None
 
-    def run(self, spec, kernel, premise, pad, *, causal, dropout_p, ntok):
-        kidx = masks.expanded_kernel(spec, causal)
+    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
+        kidx = masks.expanded_kernel(spec, order is not None)
         if kidx != spec.kernel:  # (B, *k) -> (B, q, *k): causal normalisation per query token
             kernel = kernel.unsqueeze(1).expand(kernel.shape[0], ntok, *kernel.shape[1:])
-        keep = masks.kernel_keep(spec, kidx, ntok, kernel.device, causal=causal, pad=pad)
+        keep = masks.kernel_keep(spec, kidx, order=order, pad=pad)
         if spec.activation == "softmax":
             if keep is not None:
                 kernel = kernel.masked_fill(~keep, masks.fill_value(kernel.dtype))
@@ -77,7 +77,7 @@ class EinsumBackend(Backend):
             kernel = kernel * keep
         if dropout_p > 0.0:
             kernel = F.dropout(kernel, p=dropout_p, training=True)
-        pkeep = masks.premise_keep(spec, ntok, premise.device, causal=causal)
+        pkeep = masks.premise_keep(spec, order=order)
         if pkeep is not None:
             premise = premise * pkeep
         k, p, o = ("".join(t) for t in (kidx, spec.premise, spec.output))
@@ -155,10 +155,10 @@ class SdpaBackend(Backend):
             return f"dtype {call.dtype} is not a floating type SDPA accepts"
         return None
 
-    def run(self, spec, kernel, premise, pad, *, causal, dropout_p, ntok):
+    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
         layout = attention_layout(spec)
-        keep = masks.kernel_keep(spec, spec.kernel, ntok, kernel.device, causal=causal, pad=pad)
-        pkeep = masks.premise_keep(spec, ntok, premise.device, causal=causal)
+        keep = masks.kernel_keep(spec, spec.kernel, order=order, pad=pad)
+        pkeep = masks.premise_keep(spec, order=order)
         bias, value, shapes = _to_attention(spec, layout, kernel, premise, keep, pkeep)
         b, g, q, a = bias.shape
         zq = bias.new_zeros(b, g, q, _ZERO_DIM)
@@ -189,11 +189,11 @@ class XformersBackend(Backend):
             return f"dtype {call.dtype} is not supported by memory_efficient_attention"
         return SdpaBackend().why_not(spec, call)
 
-    def run(self, spec, kernel, premise, pad, *, causal, dropout_p, ntok):
+    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
         xops = _xformers_ops()
         layout = attention_layout(spec)
-        keep = masks.kernel_keep(spec, spec.kernel, ntok, kernel.device, causal=causal, pad=pad)
-        pkeep = masks.premise_keep(spec, ntok, premise.device, causal=causal)
+        keep = masks.kernel_keep(spec, spec.kernel, order=order, pad=pad)
+        pkeep = masks.premise_keep(spec, order=order)
         bias, value, shapes = _to_attention(spec, layout, kernel, premise, keep, pkeep)
         b, g, q, a = bias.shape
         # A tensor bias needs every stride but the last aligned: pad the last dim, then slice.

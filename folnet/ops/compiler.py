@@ -20,6 +20,7 @@ import functools
 import torch
 
 from folnet.errors import FolnetError, choices
+from folnet.ops import masks
 from folnet.ops.backends import BACKENDS, Backend, Call
 from folnet.ops.registry import get_operator
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
@@ -108,10 +109,24 @@ class CompiledOperator:
         return "\n".join(lines)
 
     def __call__(self, kernel: torch.Tensor, premise: torch.Tensor,
-                 mask: torch.Tensor | None = None, *, dropout_p: float = 0.0) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, *, dropout_p: float = 0.0,
+                 visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the operator. ``mask`` (B, T) bool marks real tokens; ``visible`` ((T, T) or
+        (B, T, T) bool, keep[row, col]) replaces plain causal order in a causal operator, e.g.
+        `folnet.ops.masks.prefix_visibility` for a PrefixLM."""
         ntok = self._check(kernel, premise, mask)
+        order = None
+        if self.causal:
+            order = masks.tril(ntok, kernel.device) if visible is None else visible
+            if order.dtype != torch.bool or tuple(order.shape[-2:]) != (ntok, ntok):
+                raise FolnetError(f"operator {self.spec.symbol!r}: visible must be a bool "
+                                  f"(T, T) or (B, T, T) tensor with T = {ntok}, got "
+                                  f"{order.dtype} {tuple(order.shape)}")
+        elif visible is not None:
+            raise FolnetError(f"operator {self.spec.symbol!r}: visible applies to causal "
+                              f"operators only; compile with causal=True")
         backend = self.select(self._call_of(kernel, premise, mask))
-        return backend.run(self.spec, kernel, premise, mask, causal=self.causal,
+        return backend.run(self.spec, kernel, premise, mask, order=order,
                            dropout_p=float(dropout_p), ntok=ntok)
 
 
