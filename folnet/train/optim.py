@@ -1,0 +1,226 @@
+"""Optimisers and learning-rate schedules for pretraining (LAMB) and finetuning (AdamW).
+
+Why an in-house LAMB: `pytorch_optimizer.Lamb` (4.1) is not the published rule. It skips the
+bias correction of the second moment (and of the first unless asked), clamps the weight norm at
+10, adds eps to the update norm and applies weight decay decoupled from the trust ratio. The
+FOLNet recipe (paper Table 6) is LAMB as published by You et al. (ICLR 2020, Algorithm 2), so
+`Lamb` below implements exactly that, per parameter tensor:
+
+    m = b1 m + (1 - b1) g            v = b2 v + (1 - b2) g^2
+    r = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd w
+    w = w - lr * (||w|| / ||r||) * r            (ratio 1 when either norm is 0)
+
+NVIDIA Apex's `FusedLAMB` (same rule with ``use_nvlamb=True``) is used instead when
+`apex.optimizers` imports and the parameters live on CUDA; Apex is never installed for you.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from folnet.errors import FolnetError, choices
+
+__all__ = [
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "Lamb",
+    "WarmupDecay",
+    "apex_fused_lamb",
+    "build_optimizer",
+    "build_scheduler",
+    "no_weight_decay",
+    "parameter_groups",
+    "warmup_steps_for",
+]
+
+OPTIMIZERS = ("lamb", "adamw")
+SCHEDULES = ("linear", "polynomial", "constant")
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al. 2020): Adam moments with bias correction and a per-tensor trust ratio.
+
+    ``weight_decay`` enters the update ``r`` (so it is scaled by the trust ratio, as in the
+    paper), not the gradient moments. Works on plain tensors and on FSDP's sharded DTensors
+    (norms of DTensors are global norms).
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0) -> None:
+        if not lr >= 0.0:
+            raise FolnetError(f"Lamb lr must be >= 0, got {lr!r}")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise FolnetError(f"Lamb betas[{i}] must lie in [0, 1), got {beta!r}")
+        if not eps >= 0.0:
+            raise FolnetError(f"Lamb eps must be >= 0, got {eps!r}")
+        if not weight_decay >= 0.0:
+            raise FolnetError(f"Lamb weight_decay must be >= 0, got {weight_decay!r}")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise FolnetError("Lamb does not support sparse gradients")
+                # Half-precision parameters are updated in float32 (moments stay float32).
+                low = p.dtype in (torch.float16, torch.bfloat16)
+                grad = p.grad.float() if low else p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=grad.dtype)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=grad.dtype)
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+                m_hat = m / (1.0 - beta1**t)
+                v_hat = v / (1.0 - beta2**t)
+                weight = p.float() if low else p
+                update = m_hat / (v_hat.sqrt() + group["eps"])  # r, same shape as p
+                if group["weight_decay"] != 0.0:
+                    update.add_(weight, alpha=group["weight_decay"])
+                w_norm = torch.linalg.vector_norm(weight)  # () global norm, even when sharded
+                r_norm = torch.linalg.vector_norm(update)
+                usable = (w_norm > 0) & (r_norm > 0)
+                # No host sync: the branch of the rule is a select on device.
+                ratio = torch.where(usable, w_norm / torch.where(usable, r_norm, 1.0), 1.0)
+                p.add_((update * (-group["lr"] * ratio)).to(p.dtype))
+        return loss
+
+
+def apex_fused_lamb() -> type | None:
+    """NVIDIA Apex's FusedLAMB class when Apex itself imports (never the PyPI 'apex')."""
+    try:
+        from apex.optimizers import FusedLAMB  # type: ignore[import-not-found]
+    except Exception:  # ImportError, or a broken CUDA extension build
+        return None
+    return FusedLAMB
+
+
+def no_weight_decay(name: str, param: nn.Parameter) -> bool:
+    """Biases and normalisation weights are not decayed (BERT's rule). Our LayerNorms have no
+    parameters, so for FOLNet this is exactly 'every name ending in bias'."""
+    lowered = name.lower()
+    return lowered.endswith("bias") or "layernorm" in lowered or "layer_norm" in lowered
+
+
+def parameter_groups(model: nn.Module, weight_decay: float,
+                     exclude: Callable[[str, nn.Parameter], bool] = no_weight_decay
+                     ) -> list[dict[str, Any]]:
+    """Two optimiser groups: decayed weights and the excluded ones (weight_decay 0).
+
+    Each group also carries the parameter names (``names``) so tests and logs can tell which
+    tensors are decayed; torch optimisers keep extra group keys untouched.
+    """
+    decay: list[tuple[str, nn.Parameter]] = []
+    keep: list[tuple[str, nn.Parameter]] = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (keep if exclude(name, param) else decay).append((name, param))
+    groups = []
+    for members, wd in ((decay, weight_decay), (keep, 0.0)):
+        if members:
+            groups.append({"params": [p for _, p in members], "weight_decay": wd,
+                           "names": [n for n, _ in members]})
+    return groups
+
+
+def build_optimizer(model: nn.Module, name: str = "lamb", *, lr: float = 1e-3,
+                    weight_decay: float = 0.01, betas: tuple[float, float] = (0.9, 0.999),
+                    eps: float = 1e-6, fused: str = "auto") -> Optimizer:
+    """LAMB for pretraining, AdamW for finetuning, over `parameter_groups`.
+
+    ``fused="auto"`` takes Apex FusedLAMB for LAMB on CUDA when Apex imports (and torch's fused
+    AdamW on CUDA); ``"never"`` always uses the reference implementations.
+    """
+    if name not in OPTIMIZERS:
+        raise FolnetError(f"optimizer {name!r} is unknown; use {choices(OPTIMIZERS)}")
+    if fused not in ("auto", "never"):
+        raise FolnetError(f"fused {fused!r} is unknown; use {choices(('auto', 'never'))}")
+    groups = parameter_groups(model, weight_decay)
+    if not groups:
+        raise FolnetError("the model has no trainable parameters")
+    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+    if name == "adamw":
+        fused_adamw = fused == "auto" and on_cuda
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused_adamw or None)
+    apex_cls = apex_fused_lamb() if fused == "auto" and on_cuda else None
+    if apex_cls is not None:
+        # Clipping is done by the training loop; Apex's internal global clip is disabled.
+        return apex_cls(groups, lr=lr, betas=betas, eps=eps, bias_correction=True,
+                        max_grad_norm=float("inf"), use_nvlamb=True)
+    return Lamb(groups, lr=lr, betas=betas, eps=eps)
+
+
+def warmup_steps_for(total_steps: int, warmup_ratio: float) -> int:
+    """Warmup length in optimiser steps: ``ceil(ratio * total)`` (as Hugging Face does)."""
+    return math.ceil(total_steps * warmup_ratio)
+
+
+class WarmupDecay:
+    """The learning-rate factor at optimiser step ``s`` (0-based), a picklable callable.
+
+    Warmup rises linearly from 0 (``s / warmup``); after it the factor decays to
+    ``end_factor`` at ``total``: linearly, polynomially (``power``) or not at all (constant).
+    Being an object, not a lambda, `LambdaLR.state_dict` saves its settings.
+    """
+
+    def __init__(self, total_steps: int, warmup_steps: int, schedule: str = "linear",
+                 power: float = 1.0, end_factor: float = 0.0) -> None:
+        if schedule not in SCHEDULES:
+            raise FolnetError(f"schedule {schedule!r} is unknown; use {choices(SCHEDULES)}")
+        if total_steps < 1:
+            raise FolnetError(f"total steps must be >= 1, got {total_steps}")
+        if not 0 <= warmup_steps <= total_steps:
+            raise FolnetError(f"warmup steps must lie in [0, {total_steps}], got {warmup_steps}")
+        if not power > 0:
+            raise FolnetError(f"schedule power must be > 0, got {power!r}")
+        if not 0.0 <= end_factor <= 1.0:
+            raise FolnetError(f"end factor must lie in [0, 1], got {end_factor!r}")
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(warmup_steps)
+        self.schedule = schedule
+        self.power = float(power)
+        self.end_factor = float(end_factor)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return step / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        span = max(1, self.total_steps - self.warmup_steps)
+        remaining = max(0.0, 1.0 - (step - self.warmup_steps) / span)
+        shape = remaining if self.schedule == "linear" else remaining**self.power
+        return self.end_factor + (1.0 - self.end_factor) * shape
+
+
+def build_scheduler(optimizer: Optimizer, total_steps: int, *, warmup_ratio: float = 0.01,
+                    schedule: str = "linear", power: float = 1.0,
+                    end_factor: float = 0.0) -> LambdaLR:
+    """`LambdaLR` over `WarmupDecay`; call ``scheduler.step()`` after each optimiser step."""
+    if not 0.0 <= warmup_ratio <= 1.0:
+        raise FolnetError(f"warmup_ratio must lie in [0, 1], got {warmup_ratio!r}")
+    rule = WarmupDecay(total_steps, warmup_steps_for(total_steps, warmup_ratio), schedule,
+                       power, end_factor)
+    return LambdaLR(optimizer, rule)

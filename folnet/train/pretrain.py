@@ -1,0 +1,341 @@
+"""The pretraining loop: tokenizer -> dataset -> model -> LAMB/AdamW -> steps -> checkpoints.
+
+`pretrain(config)` is what ``folnet pretrain`` (and ``torchrun ... -m folnet.cli pretrain``)
+runs. One optimiser step consumes ``batch_size`` sequences: ``grad_accum`` global
+micro-batches, each split evenly over the processes (see `folnet.train.distributed`).
+
+Why the loss is normalised by the *global* counts: the MLM loss of a step is the mean over
+every masked token of the whole global batch and the NSP/SOP loss the mean over its sequences.
+Each micro-batch contributes ``sum / global count`` (times the world size, which DDP's gradient
+averaging divides out again), so the gradient is the same whatever ``grad_accum`` and the
+number of processes are: two processes reproduce one, and a resumed run reproduces an
+uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from folnet.errors import FolnetError
+from folnet.train import checkpoints as ckpt
+from folnet.train.amp import autocast, check_precision, make_grad_scaler
+from folnet.train.distributed import (
+    DistContext,
+    GlobalBatchSampler,
+    all_reduce_sum,
+    barrier,
+    gradient_sync,
+    init_distributed,
+    shard_slice,
+    shutdown,
+    wrap_model,
+)
+from folnet.train.optim import build_optimizer, build_scheduler
+from folnet.train.pretrain_config import PretrainConfig, load_pretrain_config
+from folnet.train.runlog import TrainLogger
+from folnet.train.trainstate import (
+    PretrainingForward,
+    publish_final,
+    restore_training_state,
+    save_training_checkpoint,
+    write_model_fn,
+)
+
+__all__ = ["PretrainConfig", "load_pretrain_config", "pretrain"]
+
+
+def pretrain(config: PretrainConfig) -> Path:
+    """Run (or resume) pretraining; returns ``OUT/final`` (model + tokenizer)."""
+    if config.out is None:
+        raise FolnetError("--out is required: the run directory for checkpoints and logs")
+    ctx = init_distributed(config.device)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        return _train(config, ctx)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)  # leave the caller's setting be
+        shutdown(ctx)
+
+
+# -- set-up helpers ----------------------------------------------------------------------------
+
+
+def _resume_point(config: PretrainConfig, out: Path) -> Path | None:
+    """The checkpoint to resume from (checked against this config), or None."""
+    target = ckpt.resolve_resume(out, config.resume)
+    if target is None:
+        existing = ckpt.list_checkpoints(out)
+        if existing:
+            raise FolnetError(f"--out {str(out)!r} already holds checkpoints (latest: step "
+                              f"{existing[-1][0]}); pass --resume to continue that run or "
+                              f"choose another --out")
+        return None
+    bad = config.resume_mismatches(ckpt.read_run_config(target))
+    if bad:
+        raise FolnetError(f"--resume: checkpoint {str(target)!r} was written with other "
+                          f"options: {'; '.join(bad)}. Use the run's options, or start a new "
+                          f"run with another --out")
+    return target
+
+
+def _tokenizer(config: PretrainConfig, out: Path, resume: Path | None, ctx: DistContext):
+    from folnet.train.textsource import iter_documents
+    from folnet.train.tokenizer import load_tokenizer, train_tokenizer
+
+    if resume is not None:
+        return load_tokenizer(resume)
+    if config.tokenizer is not None:
+        try:
+            return load_tokenizer(config.tokenizer)
+        except FolnetError as exc:
+            raise FolnetError(f"--tokenizer: {exc}") from None
+    trained = out / "tokenizer"
+    if ctx.is_main:
+        documents = _data_errors(lambda: iter_documents(
+            config.data, kinship_documents=config.kinship_documents, seed=config.seed))
+        texts = (sentence for document in documents for sentence in document)
+        tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
+                                                         vocab_size=config.vocab_size))
+        tokenizer.save(trained)
+    barrier(ctx)
+    return tokenizer if ctx.is_main else load_tokenizer(trained)
+
+
+def _data_errors(build):
+    """Prefix data faults with the option that chose the data."""
+    try:
+        return build()
+    except FolnetError as exc:
+        raise FolnetError(f"--data: {exc}") from None
+
+
+def _dataset(config: PretrainConfig, tokenizer, out: Path, ctx: DistContext):
+    from folnet.train.corpus import PretrainDataConfig, build_pretraining_dataset
+
+    data_config = PretrainDataConfig(
+        seq_len=config.seq_len, objective=config.objective,
+        mlm_probability=config.mlm_probability, max_predictions=config.max_predictions,
+        seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
+        streaming=config.streaming, kinship_documents=config.kinship_documents)
+    dataset = None
+    if ctx.is_main:  # rank 0 fills the cache; the others then read it
+        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
+                                                                 data_config))
+    barrier(ctx)
+    if dataset is None:
+        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
+                                                                 data_config))
+    return dataset, data_config
+
+
+def _micro_batches(dataset, collator, config: PretrainConfig, start: tuple[int, int]):
+    """Endless (epoch, block, batch) of unmasked global micro-batches from `start` on."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    loader_rng = torch.Generator().manual_seed(config.seed)  # never the global RNG
+    common = {"collate_fn": collator.collate, "num_workers": config.num_workers,
+              "generator": loader_rng}
+    epoch, block = start
+    if not isinstance(dataset, IterableDataset):
+        sampler = GlobalBatchSampler(len(dataset), config.micro_batch, seed=config.seed)
+        if block >= sampler.batches_per_epoch:  # saved right at the end of an epoch
+            epoch, block = epoch + 1, 0
+        sampler.start = (epoch, block)
+        for batch in DataLoader(dataset, batch_sampler=sampler, **common):
+            yield epoch, block, batch
+            block += 1
+            if block == sampler.batches_per_epoch:
+                epoch, block = epoch + 1, 0
+        return
+    while True:  # streaming: replay the epoch's stream up to the saved block
+        dataset.set_epoch(epoch)
+        produced = 0
+        for i, batch in enumerate(DataLoader(dataset, batch_size=config.micro_batch,
+                                             drop_last=True, **common)):
+            produced += 1
+            if i >= block:
+                yield epoch, i, batch
+        if produced == 0:
+            raise FolnetError(f"--data yields fewer than one micro-batch of "
+                              f"{config.micro_batch} sequences; lower --batch-size")
+        epoch, block = epoch + 1, 0
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+def _accumulate(engine, micro: list[dict[str, torch.Tensor]], config: PretrainConfig,
+                ctx: DistContext, scaler, rows: slice, window: torch.Tensor) -> None:
+    """Forward and backward over one step's micro-batches; add loss and accuracy sums to
+    `window` = [mlm loss sum, nsp loss sum, mlm correct, nsp correct, mlm targets, sequences]."""
+    n_masked = max(1, sum(int((b["mlm_labels"] != -100).sum()) for b in micro))
+    for i, batch in enumerate(micro):
+        local = {k: v[rows].to(ctx.device, non_blocking=True) for k, v in batch.items()}
+        with gradient_sync(engine, i == len(micro) - 1):
+            with autocast(config.precision, ctx.device):
+                mlm_logits, mlm_labels, nsp_logits = engine(
+                    local["input_ids"], local["token_type_ids"], local["attention_mask"],
+                    local["mlm_labels"])
+            mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # (N, V), (b, 2)
+            mlm_sum = F.cross_entropy(mlm_logits, mlm_labels, reduction="sum")
+            nsp_sum = F.cross_entropy(nsp_logits, local["nsp_labels"], reduction="sum")
+            loss = (mlm_sum / n_masked + nsp_sum / config.batch_size) * ctx.world_size
+            scaler.scale(loss).backward()
+        with torch.no_grad():
+            window += torch.stack([
+                mlm_sum.double(), nsp_sum.double(),
+                (mlm_logits.argmax(-1) == mlm_labels).sum().double(),
+                (nsp_logits.argmax(-1) == local["nsp_labels"]).sum().double(),
+                torch.tensor(float(mlm_labels.numel()), device=window.device).double(),
+                torch.tensor(float(nsp_logits.shape[0]), device=window.device).double()])
+
+
+def _optimizer_step(model, optimizer, scheduler, scaler, config: PretrainConfig,
+                    want_norm: bool) -> float | None:
+    """Unscale, clip, step, advance the schedule; the gradient norm when asked or clipping."""
+    norm = None
+    if config.clip_norm > 0 or want_norm:
+        scaler.unscale_(optimizer)
+        limit = config.clip_norm if config.clip_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def _record(window: list[float], *, step: int, lr: float, grad_norm: float | None,
+            tokens: int, seconds: float, elapsed: float, state: dict[str, Any]) -> dict:
+    masked, sequences = max(window[4], 1.0), max(window[5], 1.0)
+    mlm_loss, nsp_loss = window[0] / masked, window[1] / sequences
+    return {"step": step, "loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss, "mlm_acc": window[2] / masked, "nsp_acc": window[3] / sequences,
+            "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / seconds,
+            "samples_per_s": window[5] / seconds, "elapsed": elapsed, "epoch": state["epoch"],
+            "samples": state["samples"], "tokens": state["tokens"]}
+
+
+def _train(config: PretrainConfig, ctx: DistContext) -> Path:
+    from folnet.arch.build import build_model
+    from folnet.io import atomic_write_json
+    from folnet.train.masking import PretrainingCollator
+
+    check_precision(config.precision, ctx.device)
+    torch.use_deterministic_algorithms(config.deterministic)
+    out = Path(config.out)
+    if config.micro_batch % ctx.world_size:
+        raise FolnetError(f"--batch-size {config.batch_size} / --grad-accum {config.grad_accum} "
+                          f"= {config.micro_batch} rows per micro-batch cannot be split over "
+                          f"{ctx.world_size} processes")
+    resume = _resume_point(config, out)
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_stale_temporaries(out)
+        atomic_write_json(out / "run_config.json", config.to_dict())
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    tokenizer = _tokenizer(config, out, resume, ctx)
+    if ctx.is_main:
+        tokenizer.save(out / "tokenizer")
+    dataset, data_config = _dataset(config, tokenizer, out, ctx)
+    collator = PretrainingCollator.from_config(tokenizer, data_config)
+    model = build_model(config.ops, preset=config.preset, head="pretraining",
+                        vocab_size=tokenizer.vocab_size, **config.model_overrides)
+    model.gather_mlm = True  # MLM logits only at the predicted positions
+    model.set_activation_checkpointing(config.activation_checkpointing)
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "block": 0, "samples": 0, "tokens": 0,
+                             "elapsed": 0.0}
+    trainer = None
+    if resume is not None:
+        ckpt.load_weights_into(model, resume)
+        trainer = ckpt.load_trainer_state(resume)
+        state.update({k: trainer[k] for k in state})
+    model.to(ctx.device).train()
+    engine = wrap_model(PretrainingForward(model), ctx, fsdp=config.fsdp,
+                        units=model.encoder.layers)
+    optimizer = build_optimizer(model, config.optimizer, lr=config.lr,
+                                weight_decay=config.weight_decay,
+                                betas=(config.beta1, config.beta2), eps=config.eps)
+    scheduler = build_scheduler(optimizer, config.steps, warmup_ratio=config.warmup_ratio,
+                                schedule=config.schedule, power=config.power,
+                                end_factor=config.min_lr_ratio)
+    scaler = make_grad_scaler(config.precision, ctx.device)
+    torch.manual_seed(config.seed + ctx.rank)  # dropout streams differ per rank
+    if trainer is not None:
+        restore_training_state(trainer, engine=engine, optimizer=optimizer, scheduler=scheduler,
+                               scaler=scaler, collator=collator, ctx=ctx, fsdp=config.fsdp)
+    if config.compile:
+        # The encoder only: the model's input checks read values on the host (graph breaks),
+        # and compiling in place keeps every state-dict key and the DDP/FSDP wrapping as is.
+        model.encoder.compile()
+
+    logger = TrainLogger(out, enabled=ctx.is_main, total_steps=config.steps,
+                         start_step=state["step"], tensorboard=config.tensorboard,
+                         progress=config.progress, objective=config.objective)
+    if resume is not None:
+        logger.message(f"resumed from {ckpt.describe(resume)}")
+    batches = _micro_batches(dataset, collator, config, (state["epoch"], state["block"]))
+    rows = shard_slice(config.micro_batch, ctx)
+    window = torch.zeros(6, dtype=torch.float64, device=ctx.device)  # sums since the last log
+    window_tokens, window_start = 0, time.perf_counter()
+    run_start = time.perf_counter() - state["elapsed"]
+    try:
+        while state["step"] < config.steps:
+            micro = []  # mask every micro-batch first: the loss needs the step's target count
+            for _ in range(config.grad_accum):
+                epoch, block, batch = next(batches)
+                micro.append(collator.apply_mask(batch))
+            _accumulate(engine, micro, config, ctx, scaler, rows, window)
+            step, lr = state["step"] + 1, scheduler.get_last_lr()[0]
+            log_now = step % config.log_every == 0 or step == config.steps
+            grad_norm = _optimizer_step(model, optimizer, scheduler, scaler, config, log_now)
+            tokens = sum(int(b["attention_mask"].sum()) for b in micro)
+            state.update(step=step, epoch=epoch, block=block + 1,
+                         samples=state["samples"] + config.batch_size,
+                         tokens=state["tokens"] + tokens)
+            window_tokens += tokens
+            logger.advance()
+            if log_now:
+                now = time.perf_counter()
+                totals = all_reduce_sum(window.clone(), ctx).tolist()
+                logger.log(_record(totals, step=step, lr=lr, grad_norm=grad_norm,
+                                   tokens=window_tokens, seconds=max(now - window_start, 1e-9),
+                                   elapsed=now - run_start, state=state))
+                window.zero_()
+                window_tokens, window_start = 0, now
+            if step % config.save_every == 0 or step == config.steps:
+                state["elapsed"] = time.perf_counter() - run_start
+                save_training_checkpoint(
+                    out, model=model, engine=engine, optimizer=optimizer, scheduler=scheduler,
+                    scaler=scaler, collator=collator, tokenizer=tokenizer, ctx=ctx, state=state,
+                    extra={"pretrain": config.to_dict(), "step": step},
+                    keep_last=config.keep_last, fsdp=config.fsdp)
+        write = write_model_fn(model, engine, {"pretrain": config.to_dict(),
+                                               "step": state["step"]}, config.fsdp, ctx.is_main)
+        final = out / "final"
+        if ctx.is_main:
+            publish_final(out, write, tokenizer)
+        barrier(ctx)
+        logger.message(f"done: {state['step']} steps; final model and tokenizer in {final}")
+        return final
+    finally:
+        logger.close()
+
+
+if __name__ == "__main__":  # torchrun --nproc_per_node N -m folnet.train.pretrain --out DIR ...
+    import sys
+
+    from folnet.cli import main
+
+    sys.exit(main(["pretrain", *sys.argv[1:]]))

@@ -1,0 +1,204 @@
+"""`folnet pretrain`: configuration, the run directory, bad input, and learning on English."""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import folnet
+from folnet.cli import main
+from folnet.errors import FolnetError
+from folnet.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
+from folnet.train.pretrain_config import default_config_path
+from folnet.train.runlog import read_log
+from folnet.train.tokenizer import load_tokenizer
+
+SPECS = default_config_path().parent
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """In-process runs share 2 busy cores with other work: one thread is faster there."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_run(out: Path, *extra: str) -> list[str]:
+    return ["pretrain", "--preset", "tiny", "--data", "kinship", "--kinship-documents", "40",
+            "--vocab-size", "200", "--seq-len", "32", "--batch-size", "4", "--steps", "4",
+            "--log-every", "2", "--save-every", "2", "--no-progress", "--out", str(out),
+            *extra]
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def test_defaults_file_matches_the_dataclass():
+    assert load_pretrain_config() == PretrainConfig()
+    kin = load_pretrain_config(SPECS / "kinship-tiny.toml")
+    assert (kin.preset, kin.data, kin.batch_size, kin.ops) == ("tiny", "kinship", 16, "jmc.atp")
+
+
+def test_file_then_flags_override_and_model_tables_merge(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "small"\nsteps = 50\nlr = 1\n[model]\nD2 = 8\nL = 3\n')
+    config = load_pretrain_config(path, {"steps": 7, "model": {"L": 1}})
+    assert (config.preset, config.steps, config.lr) == ("small", 7, 1.0)
+    assert isinstance(config.lr, float)
+    assert config.model_overrides == {"D2": 8, "L": 1}
+    assert config.objective == "nsp"  # untouched defaults stay
+
+
+def test_config_errors_name_the_file_or_the_flag(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("batch_sise = 8\n")
+    with pytest.raises(FolnetError, match=r"bad\.toml.*batch_sise"):
+        load_pretrain_config(path)
+    with pytest.raises(FolnetError, match="--batch-size must be >= 1"):
+        PretrainConfig(batch_size=0)
+    with pytest.raises(FolnetError, match="--objective 'mlm' is unknown"):
+        PretrainConfig(objective="mlm")
+    with pytest.raises(FolnetError, match="--grad-accum 3"):
+        PretrainConfig(batch_size=8, grad_accum=3)
+    with pytest.raises(FolnetError, match="--model vocab_size"):
+        PretrainConfig(model={"vocab_size": 10})
+    with pytest.raises(FolnetError, match="--steps must be an integer"):
+        PretrainConfig(steps=1.5)
+    with pytest.raises(FolnetError, match="--config"):
+        load_pretrain_config(tmp_path / "missing.toml")
+
+
+# -- a run and its directory -------------------------------------------------------------------
+
+
+def test_run_directory_holds_checkpoints_tokenizer_logs_and_final_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny_run(out, "--num-workers", "1", "--keep-last", "5")) == 0
+    assert f"final model: {out / 'final'}" in capsys.readouterr().out
+    for step in (2, 4):
+        ckpt = out / "checkpoints" / f"step_{step}"
+        names = {p.name for p in ckpt.iterdir()}
+        assert {"config.json", "model.safetensors", "trainer.pt", "tokenizer.json",
+                "vocab.txt"} <= names
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+    records = read_log(out / "log.jsonl")
+    assert [r["step"] for r in records] == [2, 4]
+    for record in records:
+        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "tokens_per_s",
+                    "elapsed"):
+            assert isinstance(record[key], float) and math.isfinite(record[key]), key
+        assert record["tokens_per_s"] > 0
+        assert record["loss"] == pytest.approx(record["mlm_loss"] + record["nsp_loss"])
+    assert (out / "log.csv").read_text().splitlines()[0].startswith("step,loss,mlm_loss")
+    model = folnet.from_pretrained(out / "final")
+    tokenizer = load_tokenizer(out / "final")
+    assert model.head == "pretraining" and model.cfg.vocab_size == tokenizer.vocab_size
+    ids = torch.tensor([[tokenizer.cls_id, *tokenizer.encode("alice is the mother of bob"),
+                         tokenizer.sep_id]])
+    assert model.eval()(ids).mlm_logits.shape == (1, ids.shape[1], tokenizer.vocab_size)
+
+
+def test_mixed_precision_and_activation_checkpointing_run(tmp_path):
+    for precision in ("bf16", "fp16"):
+        config = PretrainConfig(preset="tiny", data="kinship", kinship_documents=40,
+                                vocab_size=200, seq_len=32, batch_size=4, steps=2, log_every=1,
+                                precision=precision, activation_checkpointing=True,
+                                optimizer="adamw", progress=False, tensorboard=False,
+                                out=str(tmp_path / precision))
+        pretrain(config)
+        losses = [r["loss"] for r in read_log(tmp_path / precision / "log.jsonl")]
+        assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def run_error(capsys, args: list[str]) -> str:
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("folnet pretrain: error:")
+    return err
+
+
+def test_missing_and_empty_data_paths(tmp_path, capsys):
+    missing = tmp_path / "nowhere.txt"
+    args = tiny_run(tmp_path / "a")
+    args[args.index("kinship")] = str(missing)
+    err = run_error(capsys, args)
+    assert "--data" in err and str(missing) in err and "does not exist" in err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    args[args.index(str(missing))] = str(empty)
+    err = run_error(capsys, args)
+    assert str(empty) in err and "empty" in err
+
+
+def test_corpus_without_a_usable_document(tmp_path, capsys):
+    corpus = tmp_path / "lonely.txt"
+    corpus.write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(30)))
+    args = tiny_run(tmp_path / "a")
+    args[args.index("kinship")] = str(corpus)
+    err = run_error(capsys, args)
+    assert "--data" in err and str(corpus) in err and "no usable document" in err
+
+
+def test_tokenizer_without_special_tokens(tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a", "is"]) + "\n")
+    err = run_error(capsys, [*tiny_run(tmp_path / "a"), "--tokenizer", str(vocab)])
+    assert "--tokenizer" in err and str(vocab) in err and "[MASK]" in err
+
+
+# -- learning on real English ------------------------------------------------------------------
+
+
+def unigram_entropy(dataset, collator) -> tuple[float, float]:
+    """Entropy (nats) of the masked-token targets, and the share of the commonest target:
+    the MLM loss and accuracy of the best context-free predictor."""
+    counts: collections.Counter[int] = collections.Counter()
+    for start in range(0, len(dataset), 512):
+        batch = collator([dataset[i] for i in range(start, min(start + 512, len(dataset)))])
+        labels = batch["mlm_labels"]
+        counts.update(labels[labels != -100].tolist())
+    total = sum(counts.values())
+    entropy = -sum(c / total * math.log(c / total) for c in counts.values())
+    return entropy, max(counts.values()) / total
+
+
+def test_mlm_loss_falls_well_below_the_unigram_entropy_on_english(tmp_path):
+    from folnet.train.corpus import PretrainDataConfig, build_pretraining_dataset
+    from folnet.train.masking import PretrainingCollator
+    from folnet.train.textsource import write_english_corpus
+    from folnet.train.tokenizer import train_tokenizer
+
+    corpus = write_english_corpus(tmp_path / "english.txt", max_bytes=1_500_000)
+    assert corpus.stat().st_size > 1_000_000
+    train_tokenizer([corpus], vocab_size=4000).save(tmp_path / "tok")
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    data = PretrainDataConfig(seq_len=32, cache_dir=str(tmp_path / "cache"))
+    baseline, top_share = unigram_entropy(build_pretraining_dataset(corpus, tokenizer, data),
+                                          PretrainingCollator.from_config(tokenizer, data))
+    # LAMB at the paper's peak learning rate scale; j.a (FOLNet's attention-only variant) and
+    # 32 tokens keep the binary stream small enough for 600 CPU steps.
+    config = PretrainConfig(ops="j.a", preset="tiny", model={"dropout": 0.0},
+                            data=str(corpus), tokenizer=str(tmp_path / "tok"), seq_len=32,
+                            batch_size=32, steps=600, lr=2e-2, warmup_ratio=0.05,
+                            log_every=20, save_every=600, cache_dir=str(tmp_path / "cache"),
+                            progress=False, tensorboard=False, out=str(tmp_path / "run"))
+    pretrain(config)
+    log = read_log(tmp_path / "run" / "log.jsonl")
+    first = log[0]["mlm_loss"]
+    final = sum(r["mlm_loss"] for r in log[-3:]) / 3  # the last 60 steps
+    accuracy = sum(r["mlm_acc"] for r in log[-3:]) / 3
+    print(f"unigram entropy {baseline:.3f} nats; MLM loss {first:.3f} -> {final:.3f}; "
+          f"accuracy {accuracy:.3f} (commonest target {top_share:.3f})")
+    assert first > baseline + 1.0  # starts near uniform over the vocabulary
+    assert final < baseline - 0.5, (final, baseline)
+    assert accuracy > 2 * top_share
