@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folnet.arch import kernels
 from folnet.arch.config import ModelConfig
+from folnet.arch.fused import FusedPlan, output_letters, plan_operator, run_terms
 from folnet.arch.plan import LayerPlan
 from folnet.ops import masks
+from folnet.ops.backends import attention_layout
 from folnet.ops.compiler import CompiledOperator, compile_operator
 from folnet.ops.sizes import evaluate, evaluate_int
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
@@ -96,7 +99,9 @@ class FusedOutput(nn.Module):
 
 class BinaryFFN(nn.Module):
     """The binary Boolean stage: ``[u2(x,y), u2(y,x)] -> Linear -> GELU -> Linear`` plus a skip
-    Linear of ``u2(y,x)``."""
+    Linear of ``u2(y,x)``. (Measured on CPU: the explicit concatenation beats computing the
+    transposed half as a transposed GEMM output -- strided adds over B x T x T x F2 cost more
+    than the copy.)"""
 
     def __init__(self, d2: int, f2: int):
         super().__init__()
@@ -151,7 +156,16 @@ def build_slots(plan: LayerPlan, cfg: ModelConfig) -> tuple[list[OperatorSlot], 
 
 
 class FolnetLayer(nn.Module):
-    """Mixer stage then FFN stage, both pre-LN with residual adds, on both streams."""
+    """Mixer stage then FFN stage, both pre-LN with residual adds, on both streams.
+
+    Two mixer paths compute the same function. The *fused* path (encoders, einsum backend)
+    contracts each operator with its projections in one einsum (`folnet.arch.fused`), builds the
+    binary-stream tensors it does materialise channels-first in one batched GEMM (so every
+    softmax runs over a contiguous axis and the T x T matrix products need no transposed
+    copies), and never splits a fused output by slicing. The *compiled* path (causal decoders,
+    rpe*, SDPA/xformers backends) materialises every kernel and premise and calls the compiled
+    operators.
+    """
 
     def __init__(self, plan: LayerPlan, cfg: ModelConfig, *, causal: bool = False):
         super().__init__()
@@ -173,31 +187,171 @@ class FolnetLayer(nn.Module):
             # values inside `j`, one table per layer indexed by the clipped-distance id.
             self.rel_key = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
             self.rel_value = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
+        self.fused = [self._plan_fused(slot) for slot in self.slots]
+        self._out_channels = {
+            slot.spec.symbol: tuple(evaluate_int(slot.spec.size_expr(c), cfg.dims, what=c)
+                                    for c in slot.spec.channels("output"))
+            for slot in self.slots}
+        # binary-stream segments the fused path materialises (the rest are folded)
+        self._mat_b = [seg for slot, fp in zip(self.slots, self.fused, strict=True)
+                       for role, seg in (("kernel", slot.kernel), ("premise", slot.premise))
+                       if seg.stream == "B" and not fp.folded(role)]
+        rows = [i for seg in self._mat_b for i in range(seg.start, seg.start + seg.width)]
+        self.register_buffer("_mat_rows", torch.tensor(rows, dtype=torch.long),
+                             persistent=False)
+
+    def _plan_fused(self, slot: OperatorSlot) -> FusedPlan:
+        spec, cfg = slot.spec, self.cfg
+        sizes = {c: evaluate_int(e, cfg.dims, what=c) for c, e in spec.sizes}
+        d_in = {r: cfg.D1 if spec.stream(r) == "U" else cfg.D2 for r in ("kernel", "premise")}
+        return plan_operator(spec, sizes, d_in=d_in,
+                             biases={"kernel": slot.kernel.bias, "premise": slot.premise.bias})
 
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
         return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
 
     @staticmethod
-    def _take(proj: torch.Tensor, seg: Segment, idx: tuple[str, ...]) -> torch.Tensor:
-        x = proj[..., seg.start : seg.start + seg.width].unflatten(-1, seg.channels)
+    def _take(part: torch.Tensor, seg: Segment, idx: tuple[str, ...]) -> torch.Tensor:
+        """A segment's channels (already split off its stream's projection, channels last)
+        laid out as the spec's index list."""
+        x = part.unflatten(-1, seg.channels)
         perm = _perm(_natural(idx), idx)
         return x if perm is None else x.permute(perm)
 
-    def mixer(self, u1, u2, pad, rel_ids):
-        """u1 (B, T, D1), u2 (B, T, T, D2) -> both updated by every operator of the plan."""
+    def _split(self, proj: torch.Tensor | None, stream: str) -> dict[int, torch.Tensor]:
+        """Split a fused projection into its segments in one op (by start offset). Slicing
+        each segment separately would make autograd zero-fill a full-width gradient per slice;
+        split's backward concatenates once."""
+        if proj is None:
+            return {}
+        segs = sorted((s for slot in self.slots for s in (slot.kernel, slot.premise)
+                       if s.stream == stream), key=lambda s: s.start)
+        parts = torch.split(proj, [s.width for s in segs], dim=-1)
+        return {s.start: p for s, p in zip(segs, parts, strict=True)}
+
+    # -- the fused (encoder, einsum) path --------------------------------------------------------
+    def _use_fused(self, device: torch.device, pad) -> bool:
+        if self.causal or self.cfg.position == "rpe*":
+            return False
+        for slot, kernel_fn in zip(self.slots, self.kernels, strict=True):
+            if kernel_fn.backend not in ("auto", "einsum"):
+                return False
+            if kernel_fn.backend == "auto" and device.type != "cpu" and \
+                    attention_layout(slot.spec) is not None:
+                return False  # SDPA / xformers serve attention-shaped operators on GPUs
+            if pad is not None and slot.spec.activation != "softmax" and \
+                    slot.spec.rdim in TOKEN_LETTERS:
+                return False
+        return True
+
+    def _binary_channels_first(self, n2: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The materialised binary segments, channels first: {start: (B, C, T, T)}."""
+        if not self._mat_b:
+            return {}
+        B, T = n2.shape[0], n2.shape[1]
+        proj = self.proj_b
+        weight = proj.weight.index_select(0, self._mat_rows)  # (N, D2)
+        bias = None
+        if proj.bias is not None:
+            full = proj.bias.new_zeros(proj.width).index_copy(0, proj.bias_index, proj.bias)
+            bias = full.index_select(0, self._mat_rows)
+        flat = n2.reshape(B, T * T, n2.shape[-1]).transpose(1, 2)  # (B, D2, T*T)
+        if bias is None:
+            out = torch.matmul(weight, flat)  # (B, N, T*T)
+        else:
+            out = torch.baddbmm(bias[None, :, None].expand(B, -1, T * T),
+                                weight.expand(B, -1, -1), flat)  # (B, N, T*T)
+        parts = out.view(B, -1, T, T).split([s.width for s in self._mat_b], dim=1)
+        return {s.start: p for s, p in zip(self._mat_b, parts, strict=True)}
+
+    def _activate(self, slot: OperatorSlot, K: torch.Tensor, natural, pad, p: float):
+        """Scale, mask, softmax and dropout of a materialised kernel in its natural layout
+        ``natural`` (channels-first for the binary stream), where the R-dim is contiguous."""
+        spec = slot.spec
+        if slot.kernel_scale != 1.0:
+            K = K * slot.kernel_scale
+        if spec.activation == "softmax":
+            if pad is not None and spec.rdim in TOKEN_LETTERS:
+                keep = masks.kernel_keep(spec, natural, order=None, pad=pad)
+                K = K.masked_fill(~keep, masks.fill_value(K.dtype))
+            K = torch.softmax(K, dim=1 + natural.index(spec.rdim))
+        if spec.kernel_dropout and p > 0.0:
+            K = kernels.dropout(K, p, True)
+        return K
+
+    def _mixer_fused(self, u1, u2, pad):
+        cfg = self.cfg
+        n1 = self._norm(u1, cfg.D1)
+        n2 = self._norm(u2, cfg.D2)
+        unary = self._split(self.proj_u(n1) if self.proj_u is not None else None, "U")
+        binary = self._binary_channels_first(n2)
+        B, T = n2.shape[0], n2.shape[1]
+        p = cfg.kernel_dropout if self.training else 0.0
+        outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
+        for slot, plan in zip(self.slots, self.fused, strict=True):
+            spec = slot.spec
+            operands, bias = {}, {}
+            for role, seg in (("kernel", slot.kernel), ("premise", slot.premise)):
+                idx = spec.tensor(role)
+                if plan.folded(role):  # the binary stream and the projection weight
+                    w = self.proj_b.weight[seg.start : seg.start + seg.width]
+                    operands[role] = [n2, w.view(*seg.channels, -1)]
+                    if seg.bias:
+                        full = self.proj_b.bias.new_zeros(self.proj_b.width).index_copy(
+                            0, self.proj_b.bias_index, self.proj_b.bias)
+                        bias[role] = full[seg.start : seg.start + seg.width].view(seg.channels)
+                    continue
+                if seg.stream == "U":
+                    natural = _natural(idx)
+                    t = unary[seg.start].unflatten(-1, seg.channels)  # (B, T, *channels)
+                else:  # (B, C, T, T) -> (B, *channels, row, col)
+                    toks = tuple(c for c in idx if c in TOKEN_LETTERS)
+                    natural = tuple(c for c in idx if c not in TOKEN_LETTERS) + toks
+                    t = binary[seg.start].unflatten(1, seg.channels)
+                if role == "kernel":
+                    t = self._activate(slot, t, natural, pad, p)
+                perm = _perm(natural, idx)
+                operands[role] = [t if perm is None else t.permute(perm)]
+            letters = output_letters(spec)
+            ntok = sum(c in TOKEN_LETTERS for c in spec.output)
+            shape = (B, *([T] * ntok), *self._out_channels[slot.spec.symbol])
+            out = run_terms(plan, operands, bias, shape, letters)  # (B, T[, T], *channels)
+            out = out.flatten(1 + ntok)  # (B, T[, T], width)
+            if slot.out_scale != 1.0:
+                out = out * slot.out_scale
+            outs[spec.typing.output].append(out)
+        return self._write(u1, u2, outs)
+
+    def _write(self, u1, u2, outs):
+        """One fused output projection per stream over the concatenated operator outputs, then
+        dropout and the residual add."""
+        if outs["U"]:
+            u1 = kernels.dropout_add(u1, self.out_u(torch.cat(outs["U"], -1)), self.cfg.dropout,
+                                     self.training)  # (B, T, D1)
+        if outs["B"]:
+            u2 = kernels.dropout_add(u2, self.out_b(torch.cat(outs["B"], -1)), self.cfg.dropout,
+                                     self.training)  # (B, T, T, D2)
+        return u1, u2
+
+    # -- the compiled path -----------------------------------------------------------------------
+    def _mixer_compiled(self, u1, u2, pad, rel_ids, visible=None):
         n1 = self._norm(u1, self.cfg.D1)
         n2 = self._norm(u2, self.cfg.D2)
-        proj = {"U": self.proj_u(n1) if self.proj_u is not None else None,  # (B, T, N1)
-                "B": self.proj_b(n2) if self.proj_b is not None else None}  # (B, T, T, N2)
+        parts = {
+            "U": self._split(self.proj_u(n1) if self.proj_u is not None else None, "U"),
+            "B": self._split(self.proj_b(n2) if self.proj_b is not None else None, "B"),
+        }  # (B, T, N1) and (B, T, T, N2) split into the operators' segments
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
         p = self.cfg.kernel_dropout if self.training else 0.0
         for slot, kernel_fn in zip(self.slots, self.kernels, strict=True):
             spec = slot.spec
-            K = self._take(proj[slot.kernel.stream], slot.kernel, spec.kernel)
-            v = self._take(proj[slot.premise.stream], slot.premise, spec.premise)
+            K = self._take(parts[slot.kernel.stream][slot.kernel.start], slot.kernel, spec.kernel)
+            v = self._take(parts[slot.premise.stream][slot.premise.start], slot.premise,
+                           spec.premise)
             if slot.kernel_scale != 1.0:
                 K = K * slot.kernel_scale
-            out = kernel_fn(K, v, pad, dropout_p=p if spec.kernel_dropout else 0.0)
+            kwargs = {"visible": visible} if self.causal and visible is not None else {}
+            out = kernel_fn(K, v, pad, dropout_p=p if spec.kernel_dropout else 0.0, **kwargs)
             if self.cfg.position == "rpe*":
                 out = out + self._static_relative(spec, K, rel_ids, pad)
             perm = _perm(spec.output, _natural(spec.output))
@@ -206,11 +360,13 @@ class FolnetLayer(nn.Module):
             if slot.out_scale != 1.0:
                 out = out * slot.out_scale
             outs[spec.typing.output].append(out)
-        if outs["U"]:
-            u1 = u1 + self.dropout(self.out_u(torch.cat(outs["U"], -1)))  # (B, T, D1)
-        if outs["B"]:
-            u2 = u2 + self.dropout(self.out_b(torch.cat(outs["B"], -1)))  # (B, T, T, D2)
-        return u1, u2
+        return self._write(u1, u2, outs)
+
+    def mixer(self, u1, u2, pad=None, rel_ids=None, visible=None):
+        """u1 (B, T, D1), u2 (B, T, T, D2) -> both updated by every operator of the plan."""
+        if visible is None and self._use_fused(u1.device, pad):
+            return self._mixer_fused(u1, u2, pad)
+        return self._mixer_compiled(u1, u2, pad, rel_ids, visible)
 
     def _static_relative(self, spec, K, rel_ids, pad):
         """RPE*: the degenerate m (in j) and p (in a) with static per-distance embeddings."""
@@ -229,8 +385,10 @@ class FolnetLayer(nn.Module):
             return scores.gather(3, index).permute(0, 1, 3, 2)
         return 0.0
 
-    def forward(self, u1, u2, pad=None, rel_ids=None):
-        u1, u2 = self.mixer(u1, u2, pad, rel_ids)
-        u1 = u1 + self.dropout(self.ffn_u(self._norm(u1, self.cfg.D1)))
-        u2 = u2 + self.dropout(self.ffn_b(self._norm(u2, self.cfg.D2)))
+    def forward(self, u1, u2, pad=None, rel_ids=None, visible=None):
+        u1, u2 = self.mixer(u1, u2, pad, rel_ids, visible)
+        u1 = kernels.dropout_add(u1, self.ffn_u(self._norm(u1, self.cfg.D1)), self.cfg.dropout,
+                                 self.training)
+        u2 = kernels.dropout_add(u2, self.ffn_b(self._norm(u2, self.cfg.D2)), self.cfg.dropout,
+                                 self.training)
         return u1, u2
