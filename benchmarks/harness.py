@@ -1,14 +1,13 @@
 """Shared measuring tools for the benchmarks: median wall time, peak memory, FLOPs, peak rate.
 
-Peak memory on CPU is the process's peak resident set (VmHWM) above the level before the call,
-with the kernel's high-water mark reset first (``/proc/self/clear_refs``); on CUDA it is
-``torch.cuda.max_memory_allocated``. FLOPs come from ``torch.utils.flop_counter``.
+Peak memory on CPU is the process's peak resident set (VmHWM) above the level before the
+measured work, so each configuration runs in a fresh process (the benchmarks spawn one per
+case); on CUDA it is ``torch.cuda.max_memory_allocated``. FLOPs come from
+``torch.utils.flop_counter``. The CPU allocator is tuned (`folnet.runtime`) as the CLI does.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 import platform
 import statistics
@@ -20,21 +19,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def _fixed_mmap_threshold() -> None:
-    """Make glibc serve every allocation above 128 KiB with its own mmap (and give it back on
-    free). By default the threshold grows after large frees, so freed tensors stay resident and
-    a later peak hides under them; fixing it makes resident memory track live tensors."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
-    except OSError:  # pragma: no cover - not glibc
-        pass
-
-
-_fixed_mmap_threshold()
-
-
 def _status(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -43,24 +27,19 @@ def _status(field: str) -> int:
     return 0
 
 
-def peak_memory_mb(fn: Callable[[], object], device: str = "cpu") -> float:
-    """Peak memory (MiB) that ``fn()`` adds on top of what is resident before it runs."""
-    gc.collect()
+def resident_mb(device: str = "cpu") -> float:
+    """Memory in use now: resident set on CPU, allocated bytes on CUDA (MiB)."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:  # pragma: no cover - not Linux
-        return float("nan")
-    base = _status("VmRSS")
-    fn()
-    return max(0, _status("VmHWM") - base) / 2**20
+        return torch.cuda.memory_allocated() / 2**20
+    return _status("VmRSS") / 2**20
+
+
+def peak_resident_mb(device: str = "cpu") -> float:
+    """The peak since the process started (CPU) or since `resident_mb` (CUDA), in MiB."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    return _status("VmHWM") / 2**20
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
@@ -87,11 +66,13 @@ def count_flops(fn: Callable[[], object]) -> int:
 
 
 def matmul_peak_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, device: str = "cpu",
-                       repeats: int = 5) -> float:
-    """The rate (GFLOP/s) of a large square matrix product: the machine's practical peak."""
+                       repeats: int = 5, trials: int = 3) -> float:
+    """The rate (GFLOP/s) of a large square matrix product: the machine's practical peak, the
+    best of ``trials`` medians (on a shared machine the best is the least disturbed)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    seconds = median_seconds(lambda: a @ b, repeats=repeats, warmup=2, device=device)
+    seconds = min(median_seconds(lambda: a @ b, repeats=repeats, warmup=2, device=device)
+                  for _ in range(trials))
     return 2 * n**3 / seconds / 1e9
 
 

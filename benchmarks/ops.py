@@ -11,6 +11,8 @@ forward, then backward with a random output gradient.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from harness import (
     machine,
     matmul_peak_gflops,
     median_seconds,
-    peak_memory_mb,
+    peak_resident_mb,
+    resident_mb,
     table,
     write_json,
 )
@@ -31,6 +34,7 @@ import folnet
 from folnet.ops.backends import BACKENDS, Call
 from folnet.ops.compiler import compile_operator
 from folnet.ops.sizes import evaluate_int
+from folnet.runtime import tune_cpu_allocator
 
 
 def case(symbol: str, backend: str, batch: int, seq_len: int, dims: dict, device: str,
@@ -56,9 +60,10 @@ def case(symbol: str, backend: str, batch: int, seq_len: int, dims: dict, device
         k.grad = v.grad = None
         op(k, v).backward(grad)
 
+    before = resident_mb(device)
     seconds = median_seconds(step, repeats=repeats, warmup=1, device=device)
+    mem = peak_resident_mb(device) - before
     flops = count_flops(step)
-    mem = peak_memory_mb(step, device)
     return {"op": symbol, "backend": backend, "T": seq_len, "ms": seconds * 1e3,
             "gflop": flops / 1e9, "gflops": flops / seconds / 1e9, "peak_mb": mem}, None
 
@@ -76,7 +81,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default="results/ops.json")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, printed as JSON
     args = ap.parse_args(argv)
+    if args.case:
+        tune_cpu_allocator()
+        c = json.loads(args.case)
+        row, reason = case(c["op"], c["backend"], c["batch"], c["T"], c["dims"], c["device"],
+                           getattr(torch, c["dtype"]), c["repeats"])
+        print("CASE " + json.dumps({"row": row, "reason": reason}), flush=True)
+        return 0
     dtype = getattr(torch, args.dtype)
     dims = {"D1": 768, "D2": args.D2, "H": args.H, "S": args.S, "F1": 3072, "F2": 256}
     peak = matmul_peak_gflops(dtype, device=args.device)
@@ -85,8 +98,9 @@ def main(argv=None) -> int:
     for seq_len in args.seq_len:
         for symbol in args.ops:
             for backend in args.backends.split(","):
-                row, reason = case(symbol, backend, args.batch, seq_len, dims, args.device, dtype,
-                                   args.repeats)
+                row, reason = _spawn({"op": symbol, "backend": backend, "batch": args.batch,
+                                      "T": seq_len, "dims": dims, "device": args.device,
+                                      "dtype": args.dtype, "repeats": args.repeats})
                 if row is None:
                     skipped.append(f"{symbol}/{backend}: {reason}")
                     continue
@@ -104,6 +118,17 @@ def main(argv=None) -> int:
                            "rows": rows, "skipped": sorted(set(skipped))})
     print(f"wrote {args.json}")
     return 0
+
+
+def _spawn(c: dict):
+    """Each case in a fresh process, so that its peak memory is its own."""
+    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(c)],
+                          capture_output=True, text=True, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CASE "):
+            out = json.loads(line[5:])
+            return out["row"], out["reason"]
+    raise RuntimeError(f"case {c} failed:\n{proc.stderr[-4000:]}")
 
 
 if __name__ == "__main__":

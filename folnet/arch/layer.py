@@ -110,9 +110,9 @@ class BinaryFFN(nn.Module):
         self.skip = nn.Linear(d2, d2)
 
     def forward(self, n2: torch.Tensor) -> torch.Tensor:
-        n2t = n2.transpose(1, 2)  # (B, T, T, D2) u2(y, x)
-        hidden = F.gelu(self.inp(torch.cat([n2, n2t], dim=-1)))  # (B, T, T, F2)
-        return self.out(hidden) + self.skip(n2t)
+        # (B, T, T, D2) -> (B, T, T, D2); see kernels.binary_ffn for the recomputing backward
+        return kernels.binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight,
+                                  self.out.bias, self.skip.weight, self.skip.bias)
 
 
 class UnaryFFN(nn.Module):
@@ -196,9 +196,9 @@ class FolnetLayer(nn.Module):
         self._mat_b = [seg for slot, fp in zip(self.slots, self.fused, strict=True)
                        for role, seg in (("kernel", slot.kernel), ("premise", slot.premise))
                        if seg.stream == "B" and not fp.folded(role)]
-        rows = [i for seg in self._mat_b for i in range(seg.start, seg.start + seg.width)]
-        self.register_buffer("_mat_rows", torch.tensor(rows, dtype=torch.long),
-                             persistent=False)
+        self._layout = {
+            seg.start: "cf" if attention_layout(slot.spec) is not None else "cl"
+            for slot in self.slots for seg in (slot.kernel, slot.premise) if seg.stream == "B"}
 
     def _plan_fused(self, slot: OperatorSlot) -> FusedPlan:
         spec, cfg = slot.spec, self.cfg
@@ -244,25 +244,18 @@ class FolnetLayer(nn.Module):
                 return False
         return True
 
-    def _binary_channels_first(self, n2: torch.Tensor) -> dict[int, torch.Tensor]:
-        """The materialised binary segments, channels first: {start: (B, C, T, T)}."""
+    def _binary_materialised(self, n2: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The binary segments the fused path materialises, {start: tensor}: channels first
+        (B, C, T, T) for attention-shaped operators, channels last otherwise."""
         if not self._mat_b:
             return {}
-        B, T = n2.shape[0], n2.shape[1]
         proj = self.proj_b
-        weight = proj.weight.index_select(0, self._mat_rows)  # (N, D2)
         bias = None
         if proj.bias is not None:
-            full = proj.bias.new_zeros(proj.width).index_copy(0, proj.bias_index, proj.bias)
-            bias = full.index_select(0, self._mat_rows)
-        flat = n2.reshape(B, T * T, n2.shape[-1]).transpose(1, 2)  # (B, D2, T*T)
-        if bias is None:
-            out = torch.matmul(weight, flat)  # (B, N, T*T)
-        else:
-            out = torch.baddbmm(bias[None, :, None].expand(B, -1, T * T),
-                                weight.expand(B, -1, -1), flat)  # (B, N, T*T)
-        parts = out.view(B, -1, T, T).split([s.width for s in self._mat_b], dim=1)
-        return {s.start: p for s, p in zip(self._mat_b, parts, strict=True)}
+            bias = proj.bias.new_zeros(proj.width).index_copy(0, proj.bias_index, proj.bias)
+        segments = tuple((s.start, s.width, self._layout[s.start]) for s in self._mat_b)
+        outs = kernels.segmented_linear(n2, proj.weight, bias, segments)
+        return {s.start: o for s, o in zip(self._mat_b, outs, strict=True)}
 
     def _activate(self, slot: OperatorSlot, K: torch.Tensor, natural, pad, p: float):
         """Scale, mask, softmax and dropout of a materialised kernel in its natural layout
@@ -284,7 +277,7 @@ class FolnetLayer(nn.Module):
         n1 = self._norm(u1, cfg.D1)
         n2 = self._norm(u2, cfg.D2)
         unary = self._split(self.proj_u(n1) if self.proj_u is not None else None, "U")
-        binary = self._binary_channels_first(n2)
+        binary = self._binary_materialised(n2)
         B, T = n2.shape[0], n2.shape[1]
         p = cfg.kernel_dropout if self.training else 0.0
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
@@ -304,10 +297,13 @@ class FolnetLayer(nn.Module):
                 if seg.stream == "U":
                     natural = _natural(idx)
                     t = unary[seg.start].unflatten(-1, seg.channels)  # (B, T, *channels)
-                else:  # (B, C, T, T) -> (B, *channels, row, col)
+                elif self._layout[seg.start] == "cf":  # (B, C, T, T) -> (B, *ch, row, col)
                     toks = tuple(c for c in idx if c in TOKEN_LETTERS)
                     natural = tuple(c for c in idx if c not in TOKEN_LETTERS) + toks
                     t = binary[seg.start].unflatten(1, seg.channels)
+                else:  # (B, T, T, C) -> (B, row, col, *channels)
+                    natural = _natural(idx)
+                    t = binary[seg.start].unflatten(-1, seg.channels)
                 if role == "kernel":
                     t = self._activate(slot, t, natural, pad, p)
                 perm = _perm(natural, idx)
@@ -329,8 +325,9 @@ class FolnetLayer(nn.Module):
             u1 = kernels.dropout_add(u1, self.out_u(torch.cat(outs["U"], -1)), self.cfg.dropout,
                                      self.training)  # (B, T, D1)
         if outs["B"]:
-            u2 = kernels.dropout_add(u2, self.out_b(torch.cat(outs["B"], -1)), self.cfg.dropout,
-                                     self.training)  # (B, T, T, D2)
+            cat = torch.cat(outs["B"], -1)  # (B, T, T, M2)
+            update = kernels.linear(cat, self.out_b.weight, self.out_b.bias.sum(0))
+            u2 = kernels.dropout_add(u2, update, self.cfg.dropout, self.training)  # (B,T,T,D2)
         return u1, u2
 
     # -- the compiled path -----------------------------------------------------------------------
