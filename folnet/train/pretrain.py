@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from folnet.errors import FolnetError
+from folnet.runtime import tune_cpu_allocator
 from folnet.train import checkpoints as ckpt
 from folnet.train.amp import autocast, check_precision, make_grad_scaler
 from folnet.train.distributed import (
@@ -55,6 +56,7 @@ def pretrain(config: PretrainConfig) -> Path:
     """Run (or resume) pretraining; returns ``OUT/final`` (model + tokenizer)."""
     if config.out is None:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
+    tune_cpu_allocator()  # a training process: keep large tensors on the heap (2x on CPU)
     ctx = init_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
