@@ -19,12 +19,11 @@ from folnet.errors import FolnetError
 from folnet.train.corpus import (
     PretrainDataConfig,
     PretrainingDataset,
-    StreamingPretrainingDataset,
     build_pretraining_dataset,
     iter_documents,
-    iter_pretraining_examples,
     split_sentences,
 )
+from folnet.train.corpus_stream import StreamingPretrainingDataset, iter_pretraining_examples
 from folnet.train.textsource import stdlib_docstrings, write_english_corpus
 from folnet.train.tokenizer import train_tokenizer
 

@@ -32,18 +32,17 @@ import os
 import random
 import shutil
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset
 
 from folnet.errors import FolnetError, choices
-from folnet.train.textsource import (
+from folnet.train.corpus_pairs import Document, Example, _Layout, _pairs
+from folnet.train.documents import (
     CorpusSource,
     iter_documents,
     read_documents,
@@ -57,17 +56,14 @@ __all__ = [
     "OBJECTIVES",
     "PretrainDataConfig",
     "PretrainingDataset",
-    "StreamingPretrainingDataset",
     "build_pretraining_dataset",
     "iter_documents",
-    "iter_pretraining_examples",
     "split_sentences",
 ]
 
 OBJECTIVES = ("nsp", "sop")
 _CACHE_FORMAT = 1  # bump when the on-disk layout or the pairing algorithm changes
-Example = dict[str, torch.Tensor]
-Document = list[np.ndarray]  # one int array of token ids per sentence
+
 
 
 @dataclass(frozen=True)
@@ -115,102 +111,6 @@ class PretrainDataConfig:
             raise FolnetError(
                 f"PretrainDataConfig.streaming must be a bool, got {self.streaming!r}"
             )
-
-
-# -- pairing -----------------------------------------------------------------------------------
-
-
-def _take(document: Document, start: int, target: int) -> np.ndarray:
-    """Whole sentences from `start` on until at least `target` tokens (or the end)."""
-    pieces, length = [], 0
-    for sentence in document[start:]:
-        pieces.append(sentence)
-        length += len(sentence)
-        if length >= target:
-            break
-    return np.concatenate(pieces)
-
-
-def _truncate(
-    a: np.ndarray, b: np.ndarray, limit: int, rng: random.Random
-) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's truncation in closed form: drop tokens from the longer side (B on ties), each
-    from the front or the back with probability 1/2."""
-    excess = len(a) + len(b) - limit
-    if excess <= 0:
-        return a, b
-    diff = len(a) - len(b)
-    first = min(abs(diff), excess)
-    cut_a, cut_b = (first, 0) if diff > 0 else (0, first)
-    rest = excess - first
-    cut_a, cut_b = cut_a + rest // 2, cut_b + (rest + 1) // 2
-
-    def cut(x: np.ndarray, n: int) -> np.ndarray:
-        front = rng.getrandbits(n).bit_count() if n else 0  # Binomial(n, 1/2)
-        return x[front : len(x) - (n - front)]
-
-    return cut(a, cut_a), cut(b, cut_b)
-
-
-def _pairs(
-    document: Document,
-    config: PretrainDataConfig,
-    rng: random.Random,
-    other_document: Callable[[], Document],
-) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """BERT's create_instances_from_document, with one change: a chunk is only closed once
-    it has two sentences (a lone final sentence is dropped), so every example gets a fair
-    coin for its label and NSP/SOP stay balanced."""
-    limit = config.seq_len - 3  # room for [CLS], [SEP], [SEP]
-    target = rng.randint(2, limit) if rng.random() < config.short_seq_prob else limit
-    chunk: Document = []
-    length, i = 0, 0
-    while i < len(document):
-        chunk.append(document[i])
-        length += len(document[i])
-        if (length >= target and len(chunk) >= 2) or i == len(document) - 1:
-            if len(chunk) >= 2:
-                a_end = rng.randint(1, len(chunk) - 1)
-                a = np.concatenate(chunk[:a_end])
-                if config.objective == "nsp" and rng.random() < 0.5:
-                    other = other_document()
-                    b = _take(other, rng.randrange(len(other)), max(1, target - len(a)))
-                    label = 1
-                    i -= len(chunk) - a_end  # the unused sentences start the next chunk
-                else:
-                    b = np.concatenate(chunk[a_end:])
-                    label = 0
-                    if config.objective == "sop" and rng.random() < 0.5:
-                        a, b, label = b, a, 1
-                a, b = _truncate(a, b, limit, rng)
-                yield a, b, label
-            chunk, length = [], 0
-        i += 1
-
-
-class _Layout:
-    """Turns (A, B, label) into the padded tensors of one example."""
-
-    def __init__(self, tokenizer: FolnetTokenizer, seq_len: int) -> None:
-        self.cls, self.sep, self.pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
-        self.seq_len = seq_len
-        self.positions = np.arange(seq_len)
-
-    def __call__(self, a: np.ndarray, b: np.ndarray, label: int) -> Example:
-        la, lb, t = len(a), len(b), self.seq_len
-        used = la + lb + 3
-        ids = np.full(t, self.pad, dtype=np.int64)  # [T]
-        ids[0], ids[la + 1], ids[used - 1] = self.cls, self.sep, self.sep
-        ids[1 : la + 1] = a
-        ids[la + 2 : used - 1] = b
-        types = np.zeros(t, dtype=np.int64)  # [T]
-        types[la + 2 : used] = 1
-        return {
-            "input_ids": torch.from_numpy(ids),
-            "token_type_ids": torch.from_numpy(types),
-            "attention_mask": torch.from_numpy(self.positions < used),  # [T] bool
-            "nsp_labels": torch.tensor(label, dtype=torch.long),
-        }
 
 
 # -- tokenising --------------------------------------------------------------------------------
@@ -406,7 +306,7 @@ def build_pretraining_dataset(
     source: CorpusSource,
     tokenizer: FolnetTokenizer,
     config: PretrainDataConfig | None = None,
-) -> PretrainingDataset | StreamingPretrainingDataset:
+) -> PretrainingDataset | IterableDataset:
     """Tokenise `source`, pair sentences and return a map-style dataset (deterministic given
     `config.seed`), reusing `config.cache_dir` entries when source files, tokenizer and
     config are unchanged. With `config.streaming`, return a `StreamingPretrainingDataset`
@@ -414,6 +314,8 @@ def build_pretraining_dataset(
     config = config or PretrainDataConfig()
     parts = resolve_sources(source)  # raises on missing/empty/unknown paths before any work
     if config.streaming:
+        from folnet.train.corpus_stream import StreamingPretrainingDataset
+
         return StreamingPretrainingDataset(source, tokenizer, config)
     where = (
         repr(str(source))
@@ -455,134 +357,3 @@ def build_pretraining_dataset(
         arrays = _load(examples_dir, names) or arrays
     return dataset(arrays, status, len(documents))
 
-
-# -- streaming ---------------------------------------------------------------------------------
-
-
-def iter_pretraining_examples(
-    source: CorpusSource,
-    tokenizer: FolnetTokenizer,
-    config: PretrainDataConfig | None = None,
-    *,
-    document_window: int = 1000,
-    shuffle_buffer: int = 1000,
-    epoch: int = 0,
-    shard: tuple[int, int] = (0, 1),
-) -> Iterator[Example]:
-    """Stream examples from `source` with bounded memory; deterministic given seed/epoch/shard.
-
-    Documents are read and tokenised lazily. "Not next" segments (NSP) come from a window of
-    up to `document_window` neighbouring documents instead of the whole corpus, and examples
-    pass through a `shuffle_buffer`-sized buffer; apart from that the pairing is the one the
-    map-style dataset uses. `shard=(k, n)` keeps documents k, k+n, k+2n, ... (one per
-    DataLoader worker).
-    """
-    config = config or PretrainDataConfig()
-    parts = resolve_sources(source)
-    k, n = shard
-    if not 0 <= k < n:
-        raise FolnetError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
-    if document_window < 2:
-        raise FolnetError(f"document_window must be >= 2, got {document_window}")
-    where = repr(str(source)) if isinstance(source, (str, os.PathLike)) else repr(source)
-    return _stream(parts, tokenizer, config, document_window, shuffle_buffer, epoch, shard, where)
-
-
-def _stream(
-    parts: list[tuple[str, Path | None]],
-    tokenizer: FolnetTokenizer,
-    config: PretrainDataConfig,
-    window: int,
-    buffer_size: int,
-    epoch: int,
-    shard: tuple[int, int],
-    where: str,
-) -> Iterator[Example]:
-    rng = random.Random(f"folnet-stream-{config.seed}-{epoch}-{shard[0]}-{shard[1]}")
-    layout = _Layout(tokenizer, config.seq_len)
-    documents = read_documents(parts, kinship_documents=config.kinship_documents, seed=config.seed)
-    mine = (d for i, d in enumerate(documents) if i % shard[1] == shard[0])
-    tokenised = _tokenise(mine, tokenizer)
-    ahead: deque[Document] = deque()
-    behind: deque[Document] = deque(maxlen=window // 2)
-
-    def other() -> Document:
-        pool = len(behind) + len(ahead)
-        if pool == 0:
-            raise FolnetError(f"corpus {where} has a single document; NSP needs at least 2")
-        j = rng.randrange(pool)
-        return behind[j] if j < len(behind) else ahead[j - len(behind)]
-
-    def in_order() -> Iterator[Document]:  # each document once `ahead` has filled up
-        for document in tokenised:
-            ahead.append(document)
-            if len(ahead) > window - window // 2:
-                yield ahead.popleft()
-        while ahead:
-            yield ahead.popleft()
-
-    buffer: list[Example] = []
-    produced = seen = 0
-    for current in in_order():
-        seen += 1
-        if len(current) >= 2:
-            for a, b, label in _pairs(current, config, rng, other):
-                produced += 1
-                yield from _through_buffer(buffer, buffer_size, layout(a, b, label), rng)
-        behind.append(current)
-    if produced == 0:
-        raise FolnetError(
-            f"corpus {where} has no usable document: {seen} non-empty "
-            f"document(s), none with at least 2 sentences"
-        )
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def _through_buffer(
-    buffer: list[Example], size: int, example: Example, rng: random.Random
-) -> Iterator[Example]:
-    """Reservoir-style shuffle: once full, emit a random resident and keep the newcomer."""
-    if size <= 1:
-        yield example
-    elif len(buffer) < size:
-        buffer.append(example)
-    else:
-        j = rng.randrange(size)
-        buffer[j], example = example, buffer[j]
-        yield example
-
-
-class StreamingPretrainingDataset(IterableDataset):
-    """`iter_pretraining_examples` as a torch IterableDataset: each DataLoader worker reads
-    its own share of documents; call `set_epoch` to draw different pairs each epoch."""
-
-    def __init__(
-        self,
-        source: CorpusSource,
-        tokenizer: FolnetTokenizer,
-        config: PretrainDataConfig,
-        *,
-        document_window: int = 1000,
-        shuffle_buffer: int = 1000,
-    ) -> None:
-        resolve_sources(source)
-        self.source, self.tokenizer, self.config = source, tokenizer, config
-        self.document_window, self.shuffle_buffer = document_window, shuffle_buffer
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __iter__(self) -> Iterator[Example]:
-        info = get_worker_info()
-        shard = (info.id, info.num_workers) if info is not None else (0, 1)
-        return iter_pretraining_examples(
-            self.source,
-            self.tokenizer,
-            self.config,
-            document_window=self.document_window,
-            shuffle_buffer=self.shuffle_buffer,
-            epoch=self.epoch,
-            shard=shard,
-        )

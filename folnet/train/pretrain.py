@@ -88,7 +88,7 @@ def _resume_point(config: PretrainConfig, out: Path) -> Path | None:
 
 
 def _tokenizer(config: PretrainConfig, out: Path, resume: Path | None, ctx: DistContext):
-    from folnet.train.textsource import iter_documents
+    from folnet.train.documents import iter_documents
     from folnet.train.tokenizer import load_tokenizer, train_tokenizer
 
     if resume is not None:
