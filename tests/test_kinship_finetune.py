@@ -1,0 +1,112 @@
+"""The kinship reasoning task: a tiny FOLNet, pretrained on the generated kinship corpus and
+finetuned on chains of k = 2, 3 facts, beats the majority-class baseline on the k = 2, 3 test
+questions by a wide margin, with accuracy reported for every k = 2 ... 10.
+
+Why these settings (measured on 2 busy CPU cores): FOLNet's BERT initialiser (std 0.02) suits
+D1 = 768; in a D1 = 64 model it leaves every attention kernel nearly flat and learning crawls,
+so the model uses std 0.15 and no dropout. Pretraining is what makes finetuning fast and
+seed-independent: after 800 steps of MLM + NSP (MLM accuracy ~0.6, the derived facts of the
+corpus teach names, genders and relation words) a finetune of 800 steps at lr 1e-3 reaches
+~0.25-0.4 on k = 2, 3 for every seed tried, against a majority baseline of ~0.07; a 40-step
+pretraining left the same finetune at 0.15-0.2 and seed-dependent. Both stages run on two
+threads (~3 minutes in all).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import folnet.train.finetune_cli  # noqa: F401  (registers the finetune/evaluate commands)
+from folnet.cli import main
+from folnet.train.evaluate import read_predictions
+from folnet.train.kinship import RELATIONS
+from folnet.train.kinship_task import kinship_metrics
+
+MODEL = ["--ops", "j.at", "--preset", "tiny", "--model", "D2=8", "--model", "F2=16",
+         "--model", "initializer_range=0.15", "--model", "dropout=0.0"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """Pretrain (800 steps of MLM + NSP on the kinship corpus), then finetune on k = 2, 3."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("kinship")
+    try:
+        assert main(["pretrain", *MODEL, "--data", "kinship", "--kinship-documents", "2000",
+                     "--vocab-size", "1000", "--seq-len", "64", "--batch-size", "32",
+                     "--steps", "800", "--optimizer", "adamw", "--lr", "3e-3",
+                     "--warmup-ratio", "0.05", "--log-every", "100", "--save-every", "800",
+                     "--no-progress", "--no-tensorboard", "--out", str(root / "pre")]) == 0
+        assert main(["finetune", "--task", "kinship", "--from", str(root / "pre"),
+                     "--out", str(root / "ft"), "--kinship-train-size", "8000",
+                     "--kinship-test-per-k", "100", "--max-steps", "800",
+                     "--batch-size", "32", "--lr", "1e-3", "--schedule", "constant",
+                     "--dropout", "0",
+                     "--eval-batch-size", "128", "--log-every", "100", "--no-progress",
+                     "--no-tensorboard"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return root
+
+
+def test_finetuned_model_beats_the_majority_baseline_on_trained_lengths(run, capsys):
+    result = json.loads((run / "ft" / "eval.json").read_text())
+    test = result["metrics"]["test"]
+    print("kinship test:", json.dumps({k: round(v, 3) for k, v in test.items()}))
+    assert result["headline_split"] == "test" and result["headline"] == test["accuracy"]
+    for k in range(2, 11):
+        assert 0.0 <= test[f"accuracy_k{k}"] <= 1.0
+        assert 0.0 < test[f"majority_baseline_k{k}"] <= 1.0
+    assert 0.0 < test["majority_baseline"] <= 1.0
+    seen = (test["accuracy_k2"] + test["accuracy_k3"]) / 2
+    assert seen == pytest.approx(test["accuracy_seen"])
+    # a wide margin: at least three times the baseline, and 15 points above it
+    assert test["accuracy_seen"] >= max(3 * test["majority_baseline_seen"],
+                                        test["majority_baseline_seen"] + 0.15)
+    assert test["accuracy"] > test["majority_baseline"]
+    validation = result["metrics"]["validation"]
+    assert set(validation) >= {"accuracy", "accuracy_k2", "accuracy_k3", "majority_baseline"}
+    assert "accuracy_k4" not in validation
+    assert validation["accuracy"] >= max(3 * validation["majority_baseline"],
+                                         validation["majority_baseline"] + 0.15)
+    assert result["config"]["kinship_train_k"] == [2, 3] and result["labels"] == list(RELATIONS)
+
+
+def test_prediction_rows_carry_k_and_match_the_metrics(run):
+    rows = read_predictions(run / "ft" / "predictions" / "test.tsv")
+    assert len(rows) == 900
+    assert [int(r["k"]) for r in rows] == [k for k in range(2, 11) for _ in range(100)]
+    assert {r["prediction"] for r in rows} <= set(RELATIONS)
+    assert {r["label"] for r in rows} <= set(RELATIONS)
+    test = json.loads((run / "ft" / "eval.json").read_text())["metrics"]["test"]
+    for k in (2, 3, 10):
+        hits = [r["prediction"] == r["label"] for r in rows if int(r["k"]) == k]
+        assert sum(hits) / len(hits) == pytest.approx(test[f"accuracy_k{k}"])
+    assert rows[0]["id"] == "test-0-k2"
+
+
+def test_evaluate_reproduces_the_kinship_numbers(run, tmp_path):
+    assert main(["evaluate", "--model", str(run / "ft"), "--out", str(tmp_path),
+                 "--splits", "validation", "--batch-size", "128"]) == 0
+    again = json.loads((tmp_path / "eval.json").read_text())["metrics"]["validation"]
+    first = json.loads((run / "ft" / "eval.json").read_text())["metrics"]["validation"]
+    assert again == pytest.approx(first)
+
+
+def test_kinship_metrics_by_hand():
+    labels = [0, 1, 1, 2, 2, 2]
+    predictions = [0, 1, 0, 2, 0, 0]
+    ks = [2, 2, 3, 3, 4, 4]
+    metrics = kinship_metrics(predictions, labels, ks, train_k=(2, 3))
+    assert metrics["accuracy"] == pytest.approx(3 / 6)
+    assert metrics["majority_baseline"] == pytest.approx(3 / 6)  # label 2, three of six
+    assert metrics["accuracy_k2"] == 1.0 and metrics["accuracy_k3"] == 0.5
+    assert metrics["accuracy_k4"] == 0.0 and metrics["majority_baseline_k4"] == 1.0
+    assert metrics["accuracy_seen"] == pytest.approx(3 / 4)
+    assert metrics["majority_baseline_seen"] == pytest.approx(2 / 4)
+    assert metrics["accuracy_unseen"] == 0.0
