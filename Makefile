@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: test lint setup clean
+.PHONY: test demo lint setup clean
 
 setup: $(VENV)/.installed
 
@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# The main job: the operator-ablation demo on the embedded kinship corpus (no files needed).
+demo: setup
+	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo
 
 lint: setup
 	$(PY) -m ruff check folnet tests benchmarks
