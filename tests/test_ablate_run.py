@@ -6,9 +6,10 @@ import csv
 import json
 
 import pytest
-import torch
 
 from folnet.cli import main as cli_main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PLAN = """
 name = "two"
@@ -44,14 +45,6 @@ ops = "jmc.atp"
 D2 = 8
 name = "full D2=8"
 """
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_two_row_plan_end_to_end_and_resume(tmp_path, capsys):

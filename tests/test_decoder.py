@@ -11,20 +11,13 @@ from folnet.arch.decoder import apply_rows, decoder_spec
 from folnet.ops import compile_operator
 from folnet.ops.masks import prefix_visibility
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 V, T = 50, 7
 # (ops, whether tokens interact: perturbing token 0 must then move the last position's outputs)
 OPS = [("j.", True), ("c.", True), ("m.a", True), (".a", True), (".p", False), (".at", True),
        ("jmc.atp", True)]
 
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and steady on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 def tiny(ops="jmc.atp", kind="decoder", seed=0, **kw):
     torch.manual_seed(seed)

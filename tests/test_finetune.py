@@ -24,6 +24,8 @@ from folnet.train.evaluate import read_predictions
 from folnet.train.runlog import read_log
 from folnet.train.tokenizer import load_tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PREMISES = [
     "the cat sat on the mat", "a dog is running in the park", "the man is not happy today",
     "two girls play football on the beach", "it rains in the city tonight",
@@ -31,15 +33,6 @@ PREMISES = [
 ]
 FAST = ["--epochs", "1", "--batch-size", "4", "--no-progress", "--no-tensorboard",
         "--log-every", "1", "--eval-batch-size", "8"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on 2 busy cores: one thread is fastest."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -26,18 +26,12 @@ from folnet.train.finetune_heads import (
 from folnet.train.finetune_loop import LoopSettings, batches, trim
 from folnet.train.tokenizer import load_tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TEXTS = ["the cat sat on the mat", "a dog runs in the park", "the man is not happy",
          "two girls play on the beach", "it rains in the city", "a boy eats an apple"]
 QUICK = ["--epochs", "1", "--batch-size", "4", "--no-progress", "--no-tensorboard"]
 HEADER = "index\tsentence1\tsentence2\tlabel\n"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,10 @@ import folnet
 from folnet.arch import objectives
 from folnet.arch.decoder import DecoderLayer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 V = 60
 
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and steady on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 def tiny(kind, ops="jmc.atp", **kw):
     torch.manual_seed(1)

@@ -17,16 +17,9 @@ from folnet.train.pretrain_config import default_config_path
 from folnet.train.runlog import read_log
 from folnet.train.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SPECS = default_config_path().parent
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """In-process runs share 2 busy cores with other work: one thread is faster there."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_run(out: Path, *extra: str) -> list[str]:

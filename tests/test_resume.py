@@ -20,6 +20,8 @@ from folnet.train import checkpoints as ckpt
 from folnet.train.runlog import read_log
 from folnet.train.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
 
@@ -43,15 +45,6 @@ def run_args(out: Path, tokenizer: str, steps: int, *extra: str) -> list[str]:
             "2", "--steps", str(steps), "--lr", "5e-3", "--warmup-ratio", "0.1",
             "--log-every", "1", "--save-every", "3", "--keep-last", "2", "--deterministic",
             "--no-progress", "--no-tensorboard", "--out", str(out), *extra]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """In-process runs share 2 busy cores with other work: one thread is faster there."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
