@@ -35,7 +35,8 @@ def tiny_run(out: Path, *extra: str) -> list[str]:
 def test_defaults_file_matches_the_dataclass():
     assert load_pretrain_config() == PretrainConfig()
     kin = load_pretrain_config(SPECS / "kinship-tiny.toml")
-    assert (kin.preset, kin.data, kin.batch_size, kin.ops) == ("tiny", "kinship", 16, "jmc.atp")
+    assert (kin.preset, kin.data, kin.batch_size, kin.ops) == ("tiny", "kinship", 32, "j.at")
+    assert kin.model_overrides["initializer_range"] == 0.15
 
 
 def test_file_then_flags_override_and_model_tables_merge(tmp_path):
