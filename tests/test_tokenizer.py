@@ -174,3 +174,48 @@ def test_train_errors(tmp_path):
         train_tokenizer([tmp_path / "missing.txt"])
     with pytest.raises(FolnetError, match="training corpus is empty"):
         train_tokenizer(texts=[], vocab_size=100)
+
+
+_TRAIN_AND_PRINT = """
+import json, sys
+from folnet.train.kinship import pretraining_documents
+from folnet.train.tokenizer import train_tokenizer
+docs = pretraining_documents(300)
+tok = train_tokenizer(texts=(s for d in docs for s in d), vocab_size=400)
+print(json.dumps(tok.vocab()))
+"""
+
+
+def test_training_is_deterministic_across_processes():
+    # The `tokenizers` trainer numbers continuing pieces in hash-map order, which differs from
+    # process to process; the vocabularies of separate processes must still be identical.
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", _TRAIN_AND_PRINT], capture_output=True,
+                           text=True, check=True, timeout=120).stdout for _ in range(3)]
+    vocabs = [json.loads(out) for out in runs]
+    assert len(vocabs[0]) == 400 and vocabs[0][:5] == list(SPECIAL_TOKENS)
+    assert vocabs[0] == vocabs[1] == vocabs[2]
+    # the pieces registered to fix the ids are ordinary word pieces, not special tokens
+    from folnet.train.kinship import pretraining_documents
+
+    docs = pretraining_documents(300)
+    tok = train_tokenizer(texts=[s for d in docs for s in d], vocab_size=400)
+    assert tok.vocab() == vocabs[0]
+    assert "##a" in tok.vocab()
+    assert {t.content for t in tok.tokenizer.get_added_tokens_decoder().values()} == set(
+        SPECIAL_TOKENS)
+
+
+def test_texts_may_be_a_factory_read_twice():
+    calls = []
+
+    def texts():
+        calls.append(1)
+        return iter(["the cat sat on the mat", "the dog sat on the log"] * 5)
+
+    tok = train_tokenizer(texts=texts, vocab_size=60)
+    assert len(calls) == 2  # the alphabet pass and the training pass
+    assert tok.encode("the cat") == [tok.tokenizer.token_to_id("the"),
+                                     tok.tokenizer.token_to_id("cat")]

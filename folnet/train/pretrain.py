@@ -100,9 +100,11 @@ def _tokenizer(config: PretrainConfig, out: Path, resume: Path | None, ctx: Dist
             raise FolnetError(f"--tokenizer: {exc}") from None
     trained = out / "tokenizer"
     if ctx.is_main:
-        documents = _data_errors(lambda: iter_documents(
-            config.data, kinship_documents=config.kinship_documents, seed=config.seed))
-        texts = (sentence for document in documents for sentence in document)
+        def texts():  # read twice: train_tokenizer makes a first pass for the alphabet
+            documents = iter_documents(config.data, kinship_documents=config.kinship_documents,
+                                       seed=config.seed)
+            return (sentence for document in documents for sentence in document)
+
         tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
                                                          vocab_size=config.vocab_size))
         tokenizer.save(trained)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tokenizers import (
@@ -197,15 +197,24 @@ def _bert_pipeline(tokenizer: Tokenizer, lowercase: bool) -> Tokenizer:
 def train_tokenizer(
     files: Sequence[str | os.PathLike[str]] | None = None,
     *,
-    texts: Iterable[str] | None = None,
+    texts: Iterable[str] | Callable[[], Iterable[str]] | None = None,
     vocab_size: int = 32768,
     min_frequency: int = 2,
     lowercase: bool = True,
     show_progress: bool = False,
 ) -> FolnetTokenizer:
-    """Train a BERT-style WordPiece tokenizer on text files and/or an iterable of texts.
+    """Train a BERT-style WordPiece tokenizer on text files and/or texts; the same input always
+    gives the same vocabulary.
 
     Special tokens come first, so [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+
+    Why two passes over the input: the `tokenizers` WordPiece trainer numbers the continuing
+    pieces (``##a``, ``##b``, ...) in hash-map order and breaks ties between equally frequent
+    merges by those numbers, so two trainings on the same text differ (huggingface/tokenizers
+    issue 1794). A first pass collects the characters and numbers every continuing piece in
+    sorted order before training. ``texts`` may therefore be a zero-argument callable that
+    yields the texts afresh on each call (for corpora too large to hold); a one-shot iterator
+    is read into a list.
     """
     if files is None and texts is None:
         raise FolnetError("train_tokenizer needs `files` or `texts`")
@@ -221,27 +230,52 @@ def train_tokenizer(
     for path in paths:
         if not path.is_file():
             raise FolnetError(f"tokenizer training file {str(path)!r} does not exist")
+    if texts is None:
+        make_texts: Callable[[], Iterable[str]] = tuple
+    elif callable(texts):
+        make_texts = texts
+    else:
+        if not isinstance(texts, Sequence):
+            texts = list(texts)  # read twice below
+        kept = texts
+        make_texts = lambda: kept  # noqa: E731
+
+    def stream() -> Iterable[str]:
+        return _chain_files(paths, make_texts())
 
     tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=_UNK)), lowercase)
+    pieces = _continuing_pieces(tokenizer, stream())
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         show_progress=show_progress,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *pieces],  # numbered first, in this order
         continuing_subword_prefix=_PREFIX,
     )
-    if paths:
-        tokenizer.train([str(p) for p in paths], trainer)
-    if texts is not None:
-        if paths:  # a second train() call would restart from scratch: merge the inputs
-            texts = _chain_files(paths, texts)
-        tokenizer.train_from_iterator(texts, trainer)
-    if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
+    tokenizer.train_from_iterator(stream(), trainer)
+    if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS) + len(pieces):
         raise FolnetError("tokenizer training saw no text: the training corpus is empty")
-    return FolnetTokenizer(tokenizer, source="<trained>")
+    # the pieces were registered as special tokens only to fix their ids: rebuild the model
+    # from the vocabulary so that they are ordinary word pieces
+    model = models.WordPiece(vocab=tokenizer.get_vocab(), unk_token=_UNK,
+                             continuing_subword_prefix=_PREFIX)
+    trained = _bert_pipeline(Tokenizer(model), lowercase)
+    trained.add_special_tokens(list(SPECIAL_TOKENS))
+    return FolnetTokenizer(trained, source="<trained>")
 
 
-def _chain_files(paths: Sequence[Path], texts: Iterable[str]) -> Iterable[str]:
+def _continuing_pieces(tokenizer: Tokenizer, texts: Iterable[str]) -> list[str]:
+    """``##c`` for every character ``c`` of the normalised texts, sorted."""
+    raw: set[str] = set()
+    for text in texts:
+        raw.update(text)
+    if not raw:
+        return []
+    normalised = set(tokenizer.normalizer.normalize_str("".join(sorted(raw))))
+    return [_PREFIX + c for c in sorted(normalised) if not c.isspace()]
+
+
+def _chain_files(paths: Sequence[Path], texts: Iterable[str]) -> Iterator[str]:
     for path in paths:
         with path.open(encoding="utf-8", errors="replace") as handle:
             yield from handle
