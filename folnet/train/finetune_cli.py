@@ -10,13 +10,9 @@ registers both commands.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from typing import Any
 
 from folnet.cli import register_command
-
-_SCALARS = {"str": str, "int": int, "float": float}
-_METAVARS = {"str": "TEXT", "int": "N", "float": "X"}
+from folnet.train.cli import add_config_flags, given_options
 
 
 def _finetune_configure(p: argparse.ArgumentParser) -> None:
@@ -24,20 +20,10 @@ def _finetune_configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options (defaults: specs/train/finetune.toml)")
-    for f in dataclasses.fields(FinetuneConfig):
-        text = f.metadata.get("help", "")
-        kind = str(f.type).removesuffix(" | None")
-        if f.name == "checkpoint":
-            p.add_argument("--from", dest="checkpoint", metavar="CHECKPOINT", default=None,
-                           help=text)
-        elif kind == "bool":
-            p.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=None,
-                           help=text)
-        elif kind.startswith("tuple"):
-            p.add_argument(flag(f.name), metavar="K,K-K", default=None, help=text)
-        else:
-            p.add_argument(flag(f.name), type=_SCALARS[kind], default=None, help=text,
-                           metavar=_METAVARS[kind])
+    add_config_flags(p, FinetuneConfig, flag, {
+        "checkpoint": lambda q, text: q.add_argument(
+            "--from", dest="checkpoint", metavar="CHECKPOINT", default=None, help=text),
+    })
 
 
 def _finetune_run(args: argparse.Namespace) -> int:
@@ -46,12 +32,7 @@ def _finetune_run(args: argparse.Namespace) -> int:
     from folnet.train.finetune_config import FinetuneConfig, load_finetune_config
 
     tune_cpu_allocator()
-    overrides: dict[str, Any] = {}
-    for f in dataclasses.fields(FinetuneConfig):
-        value = getattr(args, f.name, None)
-        if value is not None:
-            overrides[f.name] = value
-    config = load_finetune_config(args.config, overrides)
+    config = load_finetune_config(args.config, given_options(args, FinetuneConfig))
     payload = finetune(config)
     metrics = payload["metrics"][payload["headline_split"]]
     shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "_k" not in k)

@@ -19,6 +19,7 @@ from typing import Any
 
 from folnet import _toml
 from folnet.errors import FolnetError, choices
+from folnet.train.pretrain_config import config_from_dict
 from folnet.train.tasks.base import TaskSpec
 
 __all__ = ["FinetuneConfig", "Hyper", "default_config_path", "flag", "load_finetune_config"]
@@ -175,11 +176,7 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> FinetuneConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise FolnetError(f"{source}: unknown option(s) {unknown}; known: {sorted(known)}")
-        return cls(**dict(data))
+        return config_from_dict(cls, data, source)
 
 
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}

@@ -43,6 +43,15 @@ def _opt(default: Any, help_text: str) -> Any:
     return field(default=default, metadata={"help": help_text})
 
 
+def config_from_dict(cls: type, data: Mapping[str, Any], source: str) -> Any:
+    """``cls(**data)`` for a config dataclass, unknown keys named with their ``source``."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise FolnetError(f"{source}: unknown option(s) {unknown}; known: {sorted(known)}")
+    return cls(**dict(data))
+
+
 def flag(name: str) -> str:
     """The command-line flag of a config field."""
     return "--" + name.replace("_", "-")
@@ -156,11 +165,7 @@ class PretrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> PretrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise FolnetError(f"{source}: unknown option(s) {unknown}; known: {sorted(known)}")
-        return cls(**dict(data))
+        return config_from_dict(cls, data, source)
 
     def resume_mismatches(self, saved: Mapping[str, Any]) -> list[str]:
         """Options whose value differs from the run that wrote a checkpoint, as flags."""
