@@ -61,6 +61,36 @@ def test_segmented_linear_matches_slices_in_both_layouts():
     assert torch.count_nonzero(got[1][1][14:20]) == 0  # unused rows get no gradient
 
 
+@pytest.mark.parametrize("consumer", ["as_is", "permuted", "tokens_swapped"])
+def test_segmented_linear_takes_gradients_in_any_layout(consumer):
+    """A contraction may hand a channels-first segment its gradient laid out channels last
+    (or vice versa, or with the token axes swapped); every layout must give the same grads."""
+    x, w, b = _params((2, 6, 6, 8), (40, 8), (40,), seed=1)
+    segments = ((0, 4, "cf"), (4, 12, "cf"), (16, 8, "cl"), (24, 16, "cf"))
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(2, 6, 6, width, generator=g) for _, width, _ in segments]
+
+    def consume(outs):  # a scalar whose gradient w.r.t. each output has the chosen layout
+        total = 0.0
+        for (_, _, layout), y, r in zip(segments, outs, weights, strict=True):
+            cl = y if layout == "cl" else y.permute(0, 2, 3, 1)  # (B, T, T, C) view
+            if consumer == "permuted":
+                cl = cl.contiguous()
+            elif consumer == "tokens_swapped":
+                cl = cl.transpose(1, 2).contiguous().transpose(1, 2)
+            total = total + (cl * r).sum()
+        return total
+
+    def ref(x, w, b):
+        return tuple(F.linear(x, w[s : s + n], b[s : s + n]) if lay == "cl" else
+                     F.linear(x, w[s : s + n], b[s : s + n]).permute(0, 3, 1, 2)
+                     for s, n, lay in segments)
+
+    got = torch.autograd.grad(consume(kernels.segmented_linear(x, w, b, segments)), [x, w, b])
+    want = torch.autograd.grad(consume(ref(x, w, b)), [x, w, b])
+    _close(got, want, 1e-6)
+
+
 def _plain_ffn(n, w_in, b_in, w_out, b_out, w_skip, b_skip):
     nt = n.transpose(1, 2)
     hidden = F.gelu(F.linear(torch.cat([n, nt], -1), w_in, b_in))

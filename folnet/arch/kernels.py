@@ -118,6 +118,24 @@ def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] > 0)
 
 
+def wgrad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """``g2.T @ x2`` for a weight gradient: (P, C) and (P, D) -> (C, D), P in the 10^5s.
+
+    The BLAS runs this reduction over a huge inner dimension at 40-70% of its usual rate on
+    this CPU (a transposed operand and one output tile shared by all threads). Cutting P into
+    one slice per thread and summing the slices' products (a batched GEMM) measured 1.2-1.4x
+    faster in float32 for the binary stream's shapes.
+    """
+    rows = g2.shape[0]
+    k = torch.get_num_threads()
+    if g2.device.type != "cpu" or k < 2 or rows < 8192 or rows % k or \
+            g2.dtype != torch.float32:
+        return g2.t().mm(x2)
+    # (k, C, P/k) @ (k, P/k, D) -> (k, C, D) -> (C, D)
+    return torch.bmm(g2.view(k, rows // k, -1).transpose(1, 2),
+                     x2.view(k, rows // k, -1)).sum(0)
+
+
 def _mm_linear(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     if _onednn_ok(x2, w):
         return _ONEDNN(x2, w, b, "none", [], "")
@@ -144,7 +162,7 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _mm_linear(g2, w.t().contiguous(), None).view_as(x)
         if ctx.needs_input_grad[1]:
-            grad_w = g2.t().mm(x.reshape(-1, x.shape[-1]))
+            grad_w = wgrad(g2, x.reshape(-1, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_w, grad_b
@@ -223,7 +241,7 @@ class _SegmentedLinear(torch.autograd.Function):
                     grad_x = _mm_linear(g2, w.t().contiguous(), None)
                 else:
                     grad_x.addmm_(g2, w)
-                grad_w[start : start + width] = g2.t().mm(x2)
+                grad_w[start : start + width] = wgrad(g2, x2)
                 if grad_b is not None:
                     grad_b[start : start + width] = g2.sum(0)
             else:
@@ -290,13 +308,13 @@ class _BinaryFFN(torch.autograd.Function):
         nt = n.transpose(1, 2).contiguous()
         both = torch.cat([n, nt], dim=-1).view(-1, 2 * d2)  # recomputed (P, 2 D2)
         g = grad.reshape(-1, d2)  # (P, D2)
-        grad_w_out = g.t().mm(F.gelu(h))
+        grad_w_out = wgrad(g, F.gelu(h))
         grad_b = g.sum(0)
         grad_h = torch.ops.aten.gelu_backward(_mm_linear(g, w_out.t().contiguous(), None), h)
-        grad_w_in = grad_h.t().mm(both)
+        grad_w_in = wgrad(grad_h, both)
         grad_b_in = grad_h.sum(0)
         grad_both = _mm_linear(grad_h, w_in.t().contiguous(), None)  # (P, 2 D2)
-        grad_w_skip = g.t().mm(nt.view(-1, d2))
+        grad_w_skip = wgrad(g, nt.view(-1, d2))
         grad_nt = grad_both[:, d2:].addmm(g, w_skip).view_as(n)  # d/d n(y, x)
         grad_n = grad_both[:, :d2].view_as(n) + grad_nt.transpose(1, 2)
         return grad_n, grad_w_in, grad_b_in, grad_w_out, grad_b, grad_w_skip, grad_b
