@@ -65,6 +65,28 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
+#: Operators that are matrix products (what torch.utils.flop_counter counts), by profiler name.
+GEMM_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm",
+                      "aten::baddbmm_", "aten::addbmm", "aten::matmul", "aten::linear",
+                      "mkldnn::_linear_pointwise", "aten::_convolution"})
+
+
+def time_breakdown(fn: Callable[[], object], top: int = 8) -> dict[str, object]:
+    """Where ``fn()``'s time goes: the share of the profiled self time spent in matrix
+    products, and the operators with the largest shares. (The profiler adds a little time to
+    every operator call, so the many small elementwise calls read slightly high.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return {"gemm_share": gemm / total,
+            "top": [(e.key, e.self_cpu_time_total / total) for e in events[:top]]}
+
+
 def matmul_peak_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, device: str = "cpu",
                        repeats: int = 5, trials: int = 3) -> float:
     """The rate (GFLOP/s) of a large square matrix product: the machine's practical peak, the

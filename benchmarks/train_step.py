@@ -33,6 +33,7 @@ from harness import (
     peak_resident_mb,
     resident_mb,
     table,
+    time_breakdown,
     write_json,
 )
 
@@ -107,6 +108,13 @@ def run_case(case: dict) -> dict:
            "step_s": seconds, "tokens_per_s": tokens / seconds, "gflop": flops / 1e9,
            "gflops": flops / seconds / 1e9, "peak_frac": flops / seconds / 1e9 / case["peak"],
            "peak_mb": peak, "first_losses": losses}
+    if case.get("breakdown"):
+        # nearly all counted FLOPs are matrix products, so this is their achieved rate; it
+        # bounds what removing every other operator could give
+        split = time_breakdown(step)
+        row["gemm_share"] = split["gemm_share"]
+        row["gemm_frac_of_peak"] = flops / (seconds * split["gemm_share"]) / 1e9 / case["peak"]
+        row["top_ops"] = split["top"]
     ref = RELEASED.get(case["ops"])
     if ref and args.preset == "small" and args.seq_len == 128 and args.batch == 8:
         # the released step's FLOPs over our time, as a fraction of this machine's peak: the
@@ -130,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--allocator", default="tuned", help="tuned, default or tuned,default")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="profile one step: time share and rate of the matrix products")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default="results/train_step.json")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case, print JSON
@@ -158,6 +168,9 @@ def main(argv=None) -> int:
             ("step_s", "step s", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
             ("gflop", "GFLOP/step", ".1f"), ("gflops", "GFLOP/s", ".1f"),
             ("peak_frac", "of peak", ".0%"), ("peak_mb", "peak MiB", ".0f")]
+    if args.breakdown:
+        cols += [("gemm_share", "GEMM time share", ".0%"),
+                 ("gemm_frac_of_peak", "GEMM rate / peak", ".0%")]
     if any("vs_released" in r for r in rows):
         for r in rows:
             r.setdefault("vs_released", float("nan"))

@@ -276,6 +276,10 @@ class FolnetLayer(nn.Module):
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
         n2 = self._norm(u2, cfg.D2)
+        if n2.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # one cast of the normalised binary stream for all its readers (the projection and
+            # every folded einsum), not one per reader (and one gradient conversion per reader)
+            n2 = n2.to(torch.get_autocast_dtype("cpu"))
         unary = self._split(self.proj_u(n1) if self.proj_u is not None else None, "U")
         binary = self._binary_materialised(n2)
         B, T = n2.shape[0], n2.shape[1]
