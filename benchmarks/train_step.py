@@ -3,6 +3,7 @@
     python benchmarks/train_step.py                      # the issue's configuration, T = 128
     python benchmarks/train_step.py --seq-len 512 --batch 2 --impls ours,baseline
     python benchmarks/train_step.py --preset base --batch 8
+    python benchmarks/train_step.py --breakdown          # + the GEMMs' time share and rate
 
 Default configuration (preset "small"): D1 256, D2 32, H 4, S 64, L 4, F1 1024, F2 128, vocab
 8192, delta 64, batch 8, T 128. For each operator string, precision (float32, bf16 autocast),
