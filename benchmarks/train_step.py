@@ -164,6 +164,16 @@ def main(argv=None) -> int:
         print(f"  {impl:8s} {ops:8s} {dtype_name:7s} {backend:6s} ckpt={row['ckpt']:3s} "
               f"{alloc:7s} {row['step_s']:.3f} s {row['tokens_per_s']:7.0f} tok/s "
               f"{row['peak_frac']:.0%} of peak {row['peak_mb']:7.0f} MiB", flush=True)
+    # the peak again at the end: on a shared machine one measurement can catch a busy moment
+    # and flatter every ratio, so the larger of the two is the reference
+    end_peak = matmul_peak_gflops(torch.float32, device=args.device)
+    if end_peak > peak:
+        for r in rows:
+            for key in ("peak_frac", "gemm_frac_of_peak", "released_equiv_frac", "vs_released"):
+                if key in r:
+                    r[key] *= peak / end_peak
+    print(f"float32 matrix-product peak at the end: {end_peak:.1f} GFLOP/s", flush=True)
+    peak = max(peak, end_peak)
     cols = [("impl", "impl", ""), ("ops", "ops", ""), ("dtype", "dtype", ""),
             ("backend", "backend", ""), ("ckpt", "ckpt", ""), ("allocator", "allocator", ""),
             ("step_s", "step s", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
