@@ -59,7 +59,8 @@ def curve(ops: str, args, bf16: bool) -> list[float]:
     torch.manual_seed(0)
     model = folnet.build_model(ops, preset=args.preset, head="pretraining",
                                vocab_size=args.vocab_size).train()
-    model.gather_mlm = True
+    model.gather_mlm = True  # as pretraining runs it
+    model.relations = False
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = max(1, args.steps // 5)  # a linear warm-up over the first fifth of the steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))

@@ -71,7 +71,8 @@ def build(impl: str, ops: str, args, backend: str):
                                vocab_size=args.vocab_size, backend=backend)
     if impl == "baseline":
         return BaselineFolnet(model)
-    model.gather_mlm = True
+    model.gather_mlm = True  # as pretraining runs it
+    model.relations = False
     return model
 
 

@@ -196,6 +196,9 @@ class FolnetLayer(nn.Module):
         self._mat_b = [seg for slot, fp in zip(self.slots, self.fused, strict=True)
                        for role, seg in (("kernel", slot.kernel), ("premise", slot.premise))
                        if seg.stream == "B" and not fp.folded(role)]
+        unary_starts = {seg.start for slot in self.slots if slot.spec.typing.output == "U"
+                        for seg in (slot.kernel, slot.premise)}
+        self._mat_b_unary = [seg for seg in self._mat_b if seg.start in unary_starts]
         self._layout = {
             seg.start: "cf" if attention_layout(slot.spec) is not None else "cl"
             for slot in self.slots for seg in (slot.kernel, slot.premise) if seg.stream == "B"}
@@ -244,18 +247,21 @@ class FolnetLayer(nn.Module):
                 return False
         return True
 
-    def _binary_materialised(self, n2: torch.Tensor) -> dict[int, torch.Tensor]:
+    def _binary_materialised(self, n2: torch.Tensor, unary_only: bool = False
+                             ) -> dict[int, torch.Tensor]:
         """The binary segments the fused path materialises, {start: tensor}: channels first
-        (B, C, T, T) for attention-shaped operators, channels last otherwise."""
-        if not self._mat_b:
+        (B, C, T, T) for attention-shaped operators, channels last otherwise (only those the
+        unary-output operators read, with ``unary_only``)."""
+        wanted = self._mat_b_unary if unary_only else self._mat_b
+        if not wanted:
             return {}
         proj = self.proj_b
         bias = None
         if proj.bias is not None:
             bias = proj.bias.new_zeros(proj.width).index_copy(0, proj.bias_index, proj.bias)
-        segments = tuple((s.start, s.width, self._layout[s.start]) for s in self._mat_b)
+        segments = tuple((s.start, s.width, self._layout[s.start]) for s in wanted)
         outs = kernels.segmented_linear(n2, proj.weight, bias, segments)
-        return {s.start: o for s, o in zip(self._mat_b, outs, strict=True)}
+        return {s.start: o for s, o in zip(wanted, outs, strict=True)}
 
     def _activate(self, slot: OperatorSlot, K: torch.Tensor, natural, pad, p: float):
         """Scale, mask, softmax and dropout of a materialised kernel in its natural layout
@@ -272,7 +278,7 @@ class FolnetLayer(nn.Module):
             K = kernels.dropout(K, p, True)
         return K
 
-    def _mixer_fused(self, u1, u2, pad):
+    def _mixer_fused(self, u1, u2, pad, unary_only=False):
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
         n2 = self._norm(u2, cfg.D2)
@@ -281,12 +287,14 @@ class FolnetLayer(nn.Module):
             # every folded einsum), not one per reader (and one gradient conversion per reader)
             n2 = n2.to(torch.get_autocast_dtype("cpu"))
         unary = self._split(self.proj_u(n1) if self.proj_u is not None else None, "U")
-        binary = self._binary_materialised(n2)
+        binary = self._binary_materialised(n2, unary_only)
         B, T = n2.shape[0], n2.shape[1]
         p = cfg.kernel_dropout if self.training else 0.0
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
         for slot, plan in zip(self.slots, self.fused, strict=True):
             spec = slot.spec
+            if unary_only and spec.typing.output == "B":
+                continue
             operands, bias = {}, {}
             for role, seg in (("kernel", slot.kernel), ("premise", slot.premise)):
                 idx = spec.tensor(role)
@@ -335,7 +343,7 @@ class FolnetLayer(nn.Module):
         return u1, u2
 
     # -- the compiled path -----------------------------------------------------------------------
-    def _mixer_compiled(self, u1, u2, pad, rel_ids, visible=None):
+    def _mixer_compiled(self, u1, u2, pad, rel_ids, visible=None, unary_only=False):
         n1 = self._norm(u1, self.cfg.D1)
         n2 = self._norm(u2, self.cfg.D2)
         parts = {
@@ -346,6 +354,8 @@ class FolnetLayer(nn.Module):
         p = self.cfg.kernel_dropout if self.training else 0.0
         for slot, kernel_fn in zip(self.slots, self.kernels, strict=True):
             spec = slot.spec
+            if unary_only and spec.typing.output == "B":
+                continue
             K = self._take(parts[slot.kernel.stream][slot.kernel.start], slot.kernel, spec.kernel)
             v = self._take(parts[slot.premise.stream][slot.premise.start], slot.premise,
                            spec.premise)
@@ -363,11 +373,12 @@ class FolnetLayer(nn.Module):
             outs[spec.typing.output].append(out)
         return self._write(u1, u2, outs)
 
-    def mixer(self, u1, u2, pad=None, rel_ids=None, visible=None):
-        """u1 (B, T, D1), u2 (B, T, T, D2) -> both updated by every operator of the plan."""
+    def mixer(self, u1, u2, pad=None, rel_ids=None, visible=None, unary_only=False):
+        """u1 (B, T, D1), u2 (B, T, T, D2) -> both updated by every operator of the plan (with
+        ``unary_only``, only u1 by the unary-output operators; u2 is returned as it came)."""
         if visible is None and self._use_fused(u1.device, pad):
-            return self._mixer_fused(u1, u2, pad)
-        return self._mixer_compiled(u1, u2, pad, rel_ids, visible)
+            return self._mixer_fused(u1, u2, pad, unary_only)
+        return self._mixer_compiled(u1, u2, pad, rel_ids, visible, unary_only)
 
     def _static_relative(self, spec, K, rel_ids, pad):
         """RPE*: the degenerate m (in j) and p (in a) with static per-distance embeddings."""
@@ -386,10 +397,15 @@ class FolnetLayer(nn.Module):
             return scores.gather(3, index).permute(0, 1, 3, 2)
         return 0.0
 
-    def forward(self, u1, u2, pad=None, rel_ids=None, visible=None):
-        u1, u2 = self.mixer(u1, u2, pad, rel_ids, visible)
+    def forward(self, u1, u2, pad=None, rel_ids=None, visible=None, unary_only=False):
+        """One layer. ``unary_only`` (the last layer, when nothing reads the final binary
+        stream) skips every update of u2 -- the binary-output operators and the binary FFN --
+        and returns None in its place: work whose result no loss would see."""
+        u1, u2 = self.mixer(u1, u2, pad, rel_ids, visible, unary_only)
         u1 = kernels.dropout_add(u1, self.ffn_u(self._norm(u1, self.cfg.D1)), self.cfg.dropout,
                                  self.training)
+        if unary_only:
+            return u1, None
         u2 = kernels.dropout_add(u2, self.ffn_b(self._norm(u2, self.cfg.D2)), self.cfg.dropout,
                                  self.training)
         return u1, u2

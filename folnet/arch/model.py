@@ -27,7 +27,8 @@ class FolnetOutput:
 
     sequence_output: torch.Tensor  # (B, T, D1) final unary atoms
     pooled_output: torch.Tensor  # (B, D1) tanh(Linear) of token 0
-    relation_output: torch.Tensor  # (B, T, T, D2) final binary atoms
+    relation_output: torch.Tensor | None  # (B, T, T, D2) final binary atoms; None when
+    # the model's ``relations`` is off
     loss: torch.Tensor | None = None
     mlm_logits: torch.Tensor | None = None  # (B, T, V) or (N, V) when only masked positions
     nsp_logits: torch.Tensor | None = None  # (B, 2)
@@ -49,19 +50,25 @@ class FolnetEncoder(nn.Module):
         self.pooler = nn.Linear(cfg.D1, cfg.D1)
         self.checkpointing = False
 
-    def forward(self, input_ids, token_type_ids, pad=None):
+    def forward(self, input_ids, token_type_ids, pad=None, relations: bool = True):
+        """-> (sequence (B, T, D1), pooled (B, D1), relations (B, T, T, D2) or None). With
+        ``relations=False`` the last layer skips its binary-stream updates (nothing would read
+        them) and no relations are returned."""
         cfg = self.cfg
         rel_ids = (relative_position_ids(token_type_ids, cfg.delta)
                    if cfg.position in ("rpe", "rpe*") else None)  # (B, T, T)
         u1, u2 = self.atoms(input_ids, token_type_ids, rel_ids)
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            unary_only = not relations and i == last
             if self.checkpointing and self.training:
-                u1, u2 = torch.utils.checkpoint.checkpoint(layer, u1, u2, pad, rel_ids,
-                                                           use_reentrant=False)
+                u1, u2 = torch.utils.checkpoint.checkpoint(
+                    layer, u1, u2, pad, rel_ids, unary_only=unary_only, use_reentrant=False)
             else:
-                u1, u2 = layer(u1, u2, pad, rel_ids)
+                u1, u2 = layer(u1, u2, pad, rel_ids, unary_only=unary_only)
         u1 = F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps)
-        u2 = F.layer_norm(u2, (cfg.D2,), eps=cfg.layer_norm_eps)
+        if u2 is not None:
+            u2 = F.layer_norm(u2, (cfg.D2,), eps=cfg.layer_norm_eps)
         pooled = torch.tanh(self.pooler(u1[:, 0]))
         return u1, pooled, u2
 
@@ -142,6 +149,10 @@ class FolnetModel(nn.Module):
             self.dropout = nn.Dropout(cfg.dropout)
             self.classifier = nn.Linear(cfg.D1, num_labels)
         self.gather_mlm = False  # training sets it: logits only at predicted positions
+        # whether forward computes relation_output (the final binary stream); no built-in
+        # head reads it, so the training loops turn it off and the last layer skips its
+        # binary-stream updates
+        self.relations = True
         self.reset_parameters()
 
     @property
@@ -171,7 +182,7 @@ class FolnetModel(nn.Module):
         if self.head == "multiple-choice":
             return self._multiple_choice(input_ids, token_type_ids, attention_mask, labels)
         token_type_ids, pad = check_inputs(self.cfg, input_ids, token_type_ids, attention_mask)
-        seq, pooled, rel = self.encoder(input_ids, token_type_ids, pad)
+        seq, pooled, rel = self.encoder(input_ids, token_type_ids, pad, self.relations)
         out = FolnetOutput(sequence_output=seq, pooled_output=pooled, relation_output=rel)
         losses = []
         if self.mlm is not None:
@@ -223,10 +234,10 @@ class FolnetModel(nn.Module):
         flat = [None if t is None else t.reshape(B * C, T)
                 for t in (token_type_ids, attention_mask)]
         ids, pad = check_inputs(self.cfg, input_ids.reshape(B * C, T), flat[0], flat[1])
-        seq, pooled, rel = self.encoder(input_ids.reshape(B * C, T), ids, pad)
+        seq, pooled, rel = self.encoder(input_ids.reshape(B * C, T), ids, pad, self.relations)
         logits = self.classifier(pooled).view(B, C)
         out = FolnetOutput(seq.view(B, C, T, -1), pooled.view(B, C, -1),
-                           rel.view(B, C, T, T, -1), logits=logits)
+                           None if rel is None else rel.view(B, C, T, T, -1), logits=logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.float(), labels)
         return out

@@ -110,6 +110,7 @@ def build_task_model(checkpoint: Path, head: str, num_labels: int = 2,
     if missing or result.unexpected_keys:
         raise FolnetError(f"{weights}: encoder weights do not fit its config.json: missing "
                           f"{missing[:6]}, unexpected {result.unexpected_keys[:6]}")
+    model.relations = False  # no task head reads the final binary stream: skip computing it
     return model
 
 

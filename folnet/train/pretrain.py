@@ -257,6 +257,7 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     model = build_model(config.ops, preset=config.preset, head="pretraining",
                         vocab_size=tokenizer.vocab_size, **config.model_overrides)
     model.gather_mlm = True  # MLM logits only at the predicted positions
+    model.relations = False  # the losses never read the final binary stream
     model.set_activation_checkpointing(config.activation_checkpointing)
     state: dict[str, Any] = {"step": 0, "epoch": 0, "block": 0, "samples": 0, "tokens": 0,
                              "elapsed": 0.0}
