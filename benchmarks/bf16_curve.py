@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import machine, write_json
+from harness import add_model_args, machine, write_json
+from train_step import build
 
-import folnet
 from folnet.runtime import tune_cpu_allocator
 
 
@@ -56,11 +56,7 @@ def learnable_batch(batch: int, seq_len: int, vocab: int, seed: int):
 
 def curve(ops: str, args, bf16: bool) -> list[float]:
     """Losses of ``args.steps`` AdamW steps from a fixed initialisation."""
-    torch.manual_seed(0)
-    model = folnet.build_model(ops, preset=args.preset, head="pretraining",
-                               vocab_size=args.vocab_size).train()
-    model.gather_mlm = True  # as pretraining runs it
-    model.relations = False
+    model = build("ours", ops, args, backend="auto").train()  # seeded, as pretraining runs it
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = max(1, args.steps // 5)  # a linear warm-up over the first fifth of the steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
@@ -91,11 +87,7 @@ def compare(fp32: list[float], bf16: list[float]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="jmc.atp")
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
+    add_model_args(ap, ops="jmc.atp")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--json", default="results/bf16_curve.json")

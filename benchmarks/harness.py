@@ -98,6 +98,16 @@ def matmul_peak_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, device
     return 2 * n**3 / seconds / 1e9
 
 
+def add_model_args(ap, ops: str) -> None:
+    """The flags every training benchmark shares: operator strings, preset and the shape of
+    the batch (defaults: the performance issue's configuration)."""
+    ap.add_argument("--ops", default=ops, help="comma-separated operator strings")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+
+
 def machine() -> dict[str, object]:
     return {
         "torch": torch.__version__,

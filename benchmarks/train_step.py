@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baseline import BaselineFolnet
 from harness import (
+    add_model_args,
     count_flops,
     machine,
     matmul_peak_gflops,
@@ -128,11 +129,7 @@ def run_case(case: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="j.a,jmc.atp")
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
+    add_model_args(ap, ops="j.a,jmc.atp")
     ap.add_argument("--dtypes", default="float32,bf16")
     ap.add_argument("--backends", default="auto")
     ap.add_argument("--checkpointing", default="off", help="off, on or off,on")

@@ -41,6 +41,7 @@ class Term:
     roles: tuple[tuple[str, str], ...]  # (role, "tensor" | "fold" | "bias") per kernel/premise
     out_letters: str  # letters of this term's result, a subsequence of the full output
     missing_factor: int  # product of sizes of reduced token letters no operand carries
+    permute: tuple[int, ...] | None  # einsum's output order -> out_letters (None: the same)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,10 @@ def _term(spec: OperatorSpec, modes: dict[str, str], sizes: dict[str, int]) -> T
     factor = 1
     if spec.rdim in TOKEN_LETTERS and spec.rdim not in present:
         factor = sizes[spec.rdim]
-    return Term(equation=",".join(subs) + "->" + _einsum_order(subs, out_letters),
-                roles=tuple(modes.items()), out_letters=out_letters, missing_factor=factor)
+    order = _einsum_order(subs, out_letters)
+    permute = None if order == out_letters else tuple(order.index(c) for c in out_letters)
+    return Term(equation=",".join(subs) + "->" + order, roles=tuple(modes.items()),
+                out_letters=out_letters, missing_factor=factor, permute=permute)
 
 
 def _einsum_order(subs: list[str], out_letters: str) -> str:
@@ -84,15 +87,14 @@ def _einsum_order(subs: list[str], out_letters: str) -> str:
     the first free output letter the left factor of its batched product; with the kernel on
     the left, a channels-first premise read as (summed token, free token) -- ``c``'s -- is the
     right factor in its own memory order, so its gradient comes back in that order too instead
-    of transposed (which cost a B x S x T x T copy per layer). The result is permuted back to
-    ``out_letters`` (a view)."""
+    of transposed (which cost a B x S x T x T copy per layer). `run_terms` permutes the result
+    back to ``out_letters`` (a view)."""
     if len(subs) != 2:
         return out_letters
     left, right = set(subs[0]), set(subs[1])
     both = [c for c in out_letters if c in left and c in right]
     return "".join(both + [c for c in out_letters if c not in right] +
                    [c for c in out_letters if c not in left])
-
 
 
 def output_letters(spec: OperatorSpec) -> str:
@@ -155,9 +157,8 @@ def run_terms(plan: FusedPlan, operands: dict[str, list], bias: dict[str, object
         for role, mode in term.roles:
             args += operands[role] if mode != "bias" else [bias[role]]
         out = torch.einsum(term.equation, *args)
-        order = term.equation.split("->")[1]
-        if order != term.out_letters:
-            out = out.permute([order.index(c) for c in term.out_letters])
+        if term.permute is not None:
+            out = out.permute(term.permute)  # a view
         if term.missing_factor != 1:
             out = out * term.missing_factor
         if term.out_letters != full_letters:  # broadcast over the token indices it lacks
