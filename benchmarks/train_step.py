@@ -4,6 +4,7 @@
     python benchmarks/train_step.py --seq-len 512 --batch 2 --impls ours,baseline
     python benchmarks/train_step.py --preset base --batch 8
     python benchmarks/train_step.py --breakdown          # + the GEMMs' time share and rate
+    python benchmarks/train_step.py --compile off,on     # + torch.compile of the encoder
 
 Default configuration (preset "small"): D1 256, D2 32, H 4, S 64, L 4, F1 1024, F2 128, vocab
 8192, delta 64, batch 8, T 128. For each operator string, precision (float32, bf16 autocast),
@@ -86,6 +87,8 @@ def run_case(case: dict) -> dict:
     model = build(case["impl"], case["ops"], args, case["backend"]).train()
     if case["ckpt"] and hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(True)
+    if case.get("compile"):
+        model.encoder.compile()  # as `folnet pretrain --compile` does
     model.to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = [t.to(args.device) for t in make_batch(args.batch, args.seq_len, args.vocab_size)]
@@ -107,7 +110,8 @@ def run_case(case: dict) -> dict:
     flops = count_flops(step)
     tokens = args.batch * args.seq_len
     row = {**{k: case[k] for k in ("impl", "ops", "dtype", "backend", "allocator")},
-           "ckpt": "on" if case["ckpt"] else "off", "T": args.seq_len, "B": args.batch,
+           "ckpt": "on" if case["ckpt"] else "off",
+           "compile": "on" if case.get("compile") else "off", "T": args.seq_len, "B": args.batch,
            "step_s": seconds, "tokens_per_s": tokens / seconds, "gflop": flops / 1e9,
            "gflops": flops / seconds / 1e9, "peak_frac": flops / seconds / 1e9 / case["peak"],
            "peak_mb": peak, "first_losses": losses}
@@ -133,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float32,bf16")
     ap.add_argument("--backends", default="auto")
     ap.add_argument("--checkpointing", default="off", help="off, on or off,on")
+    ap.add_argument("--compile", default="off",
+                    help="off, on or off,on: torch.compile the encoder (the first warm-up step "
+                         "compiles; ours only)")
     ap.add_argument("--impls", default="ours")
     ap.add_argument("--allocator", default="tuned", help="tuned, default or tuned,default")
     ap.add_argument("--repeats", type=int, default=5)
@@ -149,18 +156,19 @@ def main(argv=None) -> int:
     peak = matmul_peak_gflops(torch.float32, device=args.device)
     print(f"float32 matrix-product peak: {peak:.1f} GFLOP/s on {args.device}", flush=True)
     rows = []
-    for impl, ops, dtype_name, backend, ckpt, alloc in itertools.product(
+    for impl, ops, dtype_name, backend, ckpt, alloc, comp in itertools.product(
             args.impls.split(","), args.ops.split(","), args.dtypes.split(","),
             args.backends.split(","), [c == "on" for c in args.checkpointing.split(",")],
-            args.allocator.split(",")):
-        if impl == "baseline" and (backend != args.backends.split(",")[0] or ckpt):
+            args.allocator.split(","), [c == "on" for c in args.compile.split(",")]):
+        if impl == "baseline" and (backend != args.backends.split(",")[0] or ckpt or comp):
             continue
         case = {**vars(args), "impl": impl, "ops": ops, "dtype": dtype_name, "backend": backend,
-                "ckpt": ckpt, "allocator": alloc, "peak": peak, "case": None}
+                "ckpt": ckpt, "allocator": alloc, "compile": comp, "peak": peak, "case": None}
         row = _spawn(case)
         rows.append(row)
         print(f"  {impl:8s} {ops:8s} {dtype_name:7s} {backend:6s} ckpt={row['ckpt']:3s} "
-              f"{alloc:7s} {row['step_s']:.3f} s {row['tokens_per_s']:7.0f} tok/s "
+              f"compile={row['compile']:3s} {alloc:7s} {row['step_s']:.3f} s "
+              f"{row['tokens_per_s']:7.0f} tok/s "
               f"{row['peak_frac']:.0%} of peak {row['peak_mb']:7.0f} MiB", flush=True)
     # the peak again at the end: on a shared machine one measurement can catch a busy moment
     # and flatter every ratio, so the larger of the two is the reference
@@ -173,7 +181,8 @@ def main(argv=None) -> int:
     print(f"float32 matrix-product peak at the end: {end_peak:.1f} GFLOP/s", flush=True)
     peak = max(peak, end_peak)
     cols = [("impl", "impl", ""), ("ops", "ops", ""), ("dtype", "dtype", ""),
-            ("backend", "backend", ""), ("ckpt", "ckpt", ""), ("allocator", "allocator", ""),
+            ("backend", "backend", ""), ("ckpt", "ckpt", ""), ("compile", "compile", ""),
+            ("allocator", "allocator", ""),
             ("step_s", "step s", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
             ("gflop", "GFLOP/step", ".1f"), ("gflops", "GFLOP/s", ".1f"),
             ("peak_frac", "of peak", ".0%"), ("peak_mb", "peak MiB", ".0f")]

@@ -121,9 +121,16 @@ def _register_flops() -> None:
 _register_flops()
 
 
+def _tracing() -> bool:
+    """True while torch.compile traces: inductor lowers oneDNN's linear only for constant
+    (frozen) weights, so the traced graph gets plain ops, which it fuses on its own."""
+    return torch.compiler.is_compiling()
+
+
 def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (_ONEDNN is not None and x.device.type == "cpu" and x.dtype == w.dtype
-            and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] > 0)
+            and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] > 0
+            and not _tracing())
 
 
 def wgrad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -277,7 +284,7 @@ def segmented_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         with torch.autocast("cpu", enabled=False):
             return segmented_linear(x.to(dtype), weight.to(dtype),
                                     None if bias is None else bias.to(dtype), segments)
-    if x.device.type != "cpu" or not x.is_contiguous():
+    if x.device.type != "cpu" or not x.is_contiguous() or _tracing():
         outs = []
         for start, width, layout in segments:
             b = None if bias is None else bias[start : start + width]
