@@ -98,6 +98,37 @@ def matmul_peak_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, device
     return 2 * n**3 / seconds / 1e9
 
 
+def paired_peak_runs(fn: Callable[[], object], n: int = 2048, dtype: torch.dtype = torch.float32,
+                     device: str = "cpu", repeats: int = 5) -> list[tuple[float, float]]:
+    """``(seconds, peak GFLOP/s)`` for each of ``repeats`` runs of ``fn()``, the peak measured
+    right before and right after that run (the better of the two, each the better of two
+    n x n products). On a shared machine the load changes from one second to the next; a run
+    compared with the peak of its own moment gives a fraction of the peak that the load
+    moves much less than a start-of-run peak does."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+
+    def timed(f) -> float:
+        sync()
+        start = time.perf_counter()
+        f()
+        sync()
+        return time.perf_counter() - start
+
+    def probe() -> float:
+        return 2 * n**3 / min(timed(lambda: a @ b), timed(lambda: a @ b)) / 1e9
+
+    probe()  # warm
+    rates = [probe()]
+    runs = []
+    for _ in range(repeats):
+        seconds = timed(fn)
+        rates.append(probe())
+        runs.append((seconds, max(rates[-2], rates[-1])))
+    return runs
+
+
 def add_model_args(ap, ops: str) -> None:
     """The flags every training benchmark shares: operator strings, preset and the shape of
     the batch (defaults: the performance issue's configuration)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from harness import (
     machine,
     matmul_peak_gflops,
     median_seconds,
+    paired_peak_runs,
     peak_resident_mb,
     resident_mb,
     table,
@@ -123,12 +125,21 @@ def run_case(case: dict) -> dict:
         row["gemm_share"] = split["gemm_share"]
         row["gemm_frac_of_peak"] = flops / (seconds * split["gemm_share"]) / 1e9 / case["peak"]
         row["top_ops"] = split["top"]
+    runs = []
+    if case.get("paired_peak", False):
+        runs = paired_peak_runs(step, n=case["probe_n"], device=args.device,
+                                repeats=args.repeats)
+        row["paired_peak_frac"] = statistics.median(flops / s / 1e9 / p for s, p in runs)
+        row["paired_peak_gflops"] = statistics.median(p for _, p in runs)
     ref = RELEASED.get(case["ops"])
     if ref and args.preset == "small" and args.seq_len == 128 and args.batch == 8:
         # the released step's FLOPs over our time, as a fraction of this machine's peak: the
         # released code reached 33% of its machine's peak in float32
         row["released_equiv_frac"] = ref["gflop"] / seconds / case["peak"]
         row["vs_released"] = row["released_equiv_frac"] / RELEASED_PEAK_FRAC
+        if runs:
+            row["vs_released_paired"] = statistics.median(
+                ref["gflop"] / s / p / RELEASED_PEAK_FRAC for s, p in runs)
     return row
 
 
@@ -145,6 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--allocator", default="tuned", help="tuned, default or tuned,default")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--paired-peak", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time --repeats steps each between two peak measurements and "
+                         "report the fraction of the peak of the step's own moment")
     ap.add_argument("--breakdown", action="store_true",
                     help="profile one step: time share and rate of the matrix products")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -173,7 +187,8 @@ def main(argv=None) -> int:
         if impl == "baseline" and (backend != args.backends.split(",")[0] or ckpt or comp):
             continue
         case = {**vars(args), "impl": impl, "ops": ops, "dtype": dtype_name, "backend": backend,
-                "ckpt": ckpt, "allocator": alloc, "compile": comp, "peak": peak, "case": None}
+                "ckpt": ckpt, "allocator": alloc, "compile": comp, "peak": peak,
+                "probe_n": size, "case": None}
         row = _spawn(case)
         rows.append(row)
         print(f"  {impl:8s} {ops:8s} {dtype_name:7s} {backend:6s} ckpt={row['ckpt']:3s} "
@@ -203,12 +218,16 @@ def main(argv=None) -> int:
     if args.breakdown:
         cols += [("gemm_share", "GEMM time share", ".0%"),
                  ("gemm_frac_of_peak", "GEMM rate / peak", ".0%")]
+    if args.paired_peak:
+        cols += [("paired_peak_frac", "of own-moment peak", ".0%")]
     if any("vs_released" in r for r in rows):
         for r in rows:
-            r.setdefault("vs_released", float("nan"))
-            r.setdefault("released_equiv_frac", float("nan"))
+            for key in ("vs_released", "released_equiv_frac", "vs_released_paired"):
+                r.setdefault(key, float("nan"))
         cols += [("released_equiv_frac", "released FLOPs / time / peak", ".0%"),
                  ("vs_released", "x released", ".2f")]
+        if args.paired_peak:
+            cols += [("vs_released_paired", "x released (own-moment peak)", ".2f")]
     print()
     print(f"batch {args.batch}, T {args.seq_len}, preset {args.preset}; matmul peak float32 "
           f"{peak:.1f} GFLOP/s, bf16 {bf16_peak:.1f}; each row measured in its own process")

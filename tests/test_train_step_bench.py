@@ -32,6 +32,10 @@ def test_tiny_run_reports_every_case(tmp_path, capsys):
             32 / r["step_s"])
         assert r["peak_frac"] == pytest.approx(r["gflops"] / data["matmul_peak_gflops"])
         assert all(math.isfinite(x) and x > 0 for x in r["first_losses"])
+        # each step against the peak measured around it: the same order as the run's peak
+        assert 0 < r["paired_peak_gflops"] and 0 < r["paired_peak_frac"] < 1
+        assert r["paired_peak_frac"] == pytest.approx(
+            r["gflop"] / r["step_s"] / r["paired_peak_gflops"], rel=0.5)
         if r["dtype"] == "bf16":
             assert r["bf16_peak_frac"] == pytest.approx(
                 r["gflops"] / data["bf16_matmul_peak_gflops"])
