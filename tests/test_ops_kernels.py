@@ -173,9 +173,21 @@ def test_bad_call_arguments(make, match):
 
 
 def test_forced_backend_that_cannot_run_says_why():
-    k, v = inputs(folnet.get_operator("a"), dtype=torch.float32)
+    # reasons of the spec alone fail at compile time (a model fails when it is built)...
     with pytest.raises(folnet.FolnetError, match=r"cannot run on backend 'sdpa'.*attention shape"):
-        compile_operator("a", "sdpa")(k, v)
+        compile_operator("a", "sdpa")
+    with pytest.raises(folnet.FolnetError, match=r"'c' cannot run on backend 'xformers'.*causal"):
+        compile_operator("c", "xformers", causal=True)
+    with pytest.raises(folnet.FolnetError, match=r"'a' cannot run on backend 'sdpa'.*shape"):
+        folnet.build_model("jmc.atp", preset="tiny", backend="sdpa")
+    with pytest.raises(folnet.FolnetError, match=r"'c' cannot run on backend 'sdpa'.*causal"):
+        folnet.build_model("jmc.t", preset="tiny", kind="decoder", backend="sdpa")
+    # ... reasons of the call when it comes
+    op = compile_operator("j", "sdpa")
+    k, v = inputs(folnet.get_operator("j"), dtype=torch.float32)
+    with pytest.raises(folnet.FolnetError, match=r"cannot run on backend 'sdpa'.*dtype"):
+        op.select(Call(k.device, torch.complex64, False, False, False))
+    assert op(k, v).shape == (k.shape[0], 5, 2, 3)
     with pytest.raises(folnet.FolnetError, match="backend 'cuda' is unknown"):
         compile_operator("a", "cuda")
 

@@ -44,6 +44,12 @@ class Backend:
     def why_not(self, spec: OperatorSpec, call: Call) -> str | None:
         raise NotImplementedError
 
+    def why_not_spec(self, spec: OperatorSpec, causal: bool) -> str | None:
+        """Why this backend can never run ``spec`` (whatever the tensors), or None: checked
+        when an operator is compiled for a forced backend, so a model that cannot run fails
+        when it is built, not at its first forward."""
+        return None
+
     def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
         raise NotImplementedError
 
@@ -145,12 +151,18 @@ class SdpaBackend(Backend):
 
     name = "sdpa"
 
-    def why_not(self, spec, call):
+    def why_not_spec(self, spec, causal):
         if attention_layout(spec) is None:
             return "the operator has no attention shape (softmax over a token, kernel (q, g, a), "\
                    "premise (a, g, v))"
-        if call.causal and masks.expanded_kernel(spec, True) != spec.kernel:
+        if causal and masks.expanded_kernel(spec, True) != spec.kernel:
             return "causal normalisation needs the kernel per query token"
+        return None
+
+    def why_not(self, spec, call):
+        reason = self.why_not_spec(spec, call.causal)
+        if reason is not None:
+            return reason
         if call.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
             return f"dtype {call.dtype} is not a floating type SDPA accepts"
         return None
@@ -188,6 +200,9 @@ class XformersBackend(Backend):
         if call.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             return f"dtype {call.dtype} is not supported by memory_efficient_attention"
         return SdpaBackend().why_not(spec, call)
+
+    def why_not_spec(self, spec, causal):
+        return SdpaBackend().why_not_spec(spec, causal)
 
     def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
         xops = _xformers_ops()

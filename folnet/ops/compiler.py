@@ -41,6 +41,10 @@ class CompiledOperator:
     def __init__(self, spec: OperatorSpec, backend: str = "auto", causal: bool = False):
         if backend not in BACKEND_NAMES:
             raise FolnetError(f"backend {backend!r} is unknown; use {choices(BACKEND_NAMES)}")
+        if backend != "auto":
+            reason = BACKENDS[backend].why_not_spec(spec, bool(causal))
+            if reason is not None:
+                raise FolnetError(_cannot(spec, backend, reason))
         self.spec = spec
         self.backend = backend
         self.causal = bool(causal)
@@ -130,13 +134,17 @@ class CompiledOperator:
                            dropout_p=float(dropout_p), ntok=ntok)
 
 
+def _cannot(spec: OperatorSpec, backend: str, reason: str) -> str:
+    return (f"operator {spec.symbol!r} cannot run on backend {backend!r}: {reason}; use "
+            f"backend='auto' or 'einsum'")
+
+
 @functools.lru_cache(maxsize=1024)
 def _select(spec: OperatorSpec, backend: str, call: Call) -> Backend:
     if backend != "auto":
         reason = BACKENDS[backend].why_not(spec, call)
         if reason is not None:
-            raise FolnetError(f"operator {spec.symbol!r} cannot run on backend {backend!r}: "
-                              f"{reason}; use backend='auto' or 'einsum'")
+            raise FolnetError(_cannot(spec, backend, reason))
         return BACKENDS[backend]
     for name in PRIORITY.get(call.device.type, ("einsum",)):
         if BACKENDS[name].why_not(spec, call) is None:
