@@ -42,20 +42,22 @@ def peak_resident_mb(device: str = "cpu") -> float:
     return _status("VmHWM") / 2**20
 
 
+def timed(fn: Callable[[], object], device: str = "cpu") -> float:
+    """Wall time of one ``fn()``, with the device's queue drained before and after."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
                    device: str = "cpu") -> float:
     """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(warmup):
         fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(fn, device) for _ in range(repeats))
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -105,25 +107,17 @@ def paired_peak_runs(fn: Callable[[], object], n: int = 2048, dtype: torch.dtype
     n x n products). On a shared machine the load changes from one second to the next; a run
     compared with the peak of its own moment gives a fraction of the peak that the load
     moves much less than a start-of-run peak does."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
 
-    def timed(f) -> float:
-        sync()
-        start = time.perf_counter()
-        f()
-        sync()
-        return time.perf_counter() - start
-
     def probe() -> float:
-        return 2 * n**3 / min(timed(lambda: a @ b), timed(lambda: a @ b)) / 1e9
+        return 2 * n**3 / min(timed(lambda: a @ b, device), timed(lambda: a @ b, device)) / 1e9
 
     probe()  # warm
     rates = [probe()]
     runs = []
     for _ in range(repeats):
-        seconds = timed(fn)
+        seconds = timed(fn, device)
         rates.append(probe())
         runs.append((seconds, max(rates[-2], rates[-1])))
     return runs

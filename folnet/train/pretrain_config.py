@@ -91,7 +91,7 @@ class PretrainConfig:
     optimizer: str = _opt("lamb", "lamb or adamw")
     precision: str = _opt("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
     activation_checkpointing: bool = _opt(False, "recompute layers in backward to save memory")
-    compile: bool = _opt(False, "torch.compile the encoder (no faster than eager on CPU here)")
+    compile: bool = _opt(False, "torch.compile the encoder (slower than eager on CPU)")
     seed: int = _opt(0, "seed of data order, masks, dropout and initialisation")
     deterministic: bool = _opt(False, "torch.use_deterministic_algorithms(True)")
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N")
