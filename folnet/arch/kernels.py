@@ -100,6 +100,19 @@ def _onednn_linear_op():
 _ONEDNN = _onednn_linear_op()
 
 
+def _onednn_bf16() -> bool:
+    """Whether oneDNN has bf16 kernels on this CPU (AVX-512 BF16 / AMX). Without them its
+    bf16 inner product refuses to build a primitive ("could not create a primitive
+    descriptor"), so bf16 products take the plain ``F.linear`` path."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_ONEDNN_DTYPES = (torch.float32, torch.bfloat16) if _onednn_bf16() else (torch.float32,)
+
+
 def _register_flops() -> None:
     """Teach torch.utils.flop_counter the oneDNN linear (2 * rows * in * out), so benchmarks and
     `folnet info` count the products that run through it."""
@@ -129,7 +142,7 @@ def _tracing() -> bool:
 
 def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (_ONEDNN is not None and x.device.type == "cpu" and x.dtype == w.dtype
-            and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] > 0
+            and x.dtype in _ONEDNN_DTYPES and x.shape[-1] > 0
             and not _tracing())
 
 
