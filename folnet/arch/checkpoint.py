@@ -76,11 +76,39 @@ def ensure_operators(cfg: ModelConfig) -> None:
                               f"unregister it first")
 
 
-def from_pretrained(directory: str | Path, *, map_location: str = "cpu") -> FolnetModel:
-    """Rebuild a model saved with `save_pretrained` (weights loaded strictly)."""
+def read_weights(directory: str | Path, *, map_location: str = "cpu") -> dict[str, Any]:
+    """The tensors of ``directory/model.safetensors``; a missing, corrupt or truncated file is a
+    `FolnetError` naming it."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    weights = Path(directory) / "model.safetensors"
+    if not weights.is_file():
+        raise FolnetError(f"checkpoint {str(directory)!r} has no model.safetensors")
+    try:
+        return load_file(str(weights), device=map_location)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise FolnetError(f"{weights}: corrupt or truncated weights ({exc})") from None
+
+
+def load_weights(model: Any, directory: str | Path, *, only: str | None = None,
+                 map_location: str = "cpu") -> None:
+    """Load ``directory/model.safetensors`` into ``model``, strictly: every key must fit. With
+    ``only="encoder."`` just the keys under that prefix are loaded and required (a new head
+    over a pretrained encoder)."""
+    state = read_weights(directory, map_location=map_location)
+    if only is not None:
+        state = {k: v for k, v in state.items() if k.startswith(only)}
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if only is None or k.startswith(only)]
+    if missing or result.unexpected_keys:
+        raise FolnetError(f"{Path(directory) / 'model.safetensors'}: weights do not fit its "
+                          f"config.json: missing keys {missing[:8]}, unexpected keys "
+                          f"{result.unexpected_keys[:8]}")
+
+
+def from_pretrained(directory: str | Path, *, map_location: str = "cpu") -> FolnetModel:
+    """Rebuild a model saved with `save_pretrained` (weights loaded strictly)."""
     directory = Path(directory)
     meta = read_metadata(directory)
     cfg = ModelConfig.from_dict(meta["model"])
@@ -91,16 +119,5 @@ def from_pretrained(directory: str | Path, *, map_location: str = "cpu") -> Foln
         model = text2text.from_config(cfg, head=meta.get("head"))
     else:
         model = FolnetModel(cfg, head=meta.get("head"), num_labels=int(meta.get("num_labels", 2)))
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        raise FolnetError(f"checkpoint {str(directory)!r} has no model.safetensors")
-    try:
-        state = load_file(str(weights), device=map_location)
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise FolnetError(f"{weights}: corrupt or truncated weights ({exc})") from None
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise FolnetError(f"{weights}: missing keys {result.missing_keys[:8]}, unexpected keys "
-                          f"{result.unexpected_keys[:8]}")
+    load_weights(model, directory, map_location=map_location)
     return model.to(map_location)
-

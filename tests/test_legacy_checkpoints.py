@@ -1,0 +1,83 @@
+"""Checkpoints saved by the code before the layer/stack redesign load bit-exactly and give the
+outputs that code gave, bit for bit (tests/fixtures/legacy, made by make_fixtures.py there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import folnet
+
+LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy"
+ENCODERS = ["encoder-classification", "encoder-pretraining-ape", "encoder-qa-rpestar",
+            "encoder-custom-op"]
+
+
+def _load(name: str):
+    ref = load_file(str(LEGACY / name / "reference.safetensors"))
+    model = folnet.from_pretrained(LEGACY / name).eval()
+    return model, ref
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape, what
+    assert torch.equal(got, want), f"{what}: max difference {(got - want).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("name", [*ENCODERS, "decoder", "decoder-ape", "encoder-decoder"])
+def test_weights_load_bit_exactly(name):
+    model, _ = _load(name)
+    saved = load_file(str(LEGACY / name / "model.safetensors"))
+    state = model.state_dict()
+    assert sorted(state) == sorted(saved)
+    for key, value in saved.items():
+        assert torch.equal(state[key], value), key
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_encoder_outputs_are_bit_identical(name):
+    model, ref = _load(name)
+    ids, types, mask = ref["input_ids"], ref["token_type_ids"], ref["attention_mask"]
+    with torch.no_grad():
+        runs = {"": model(ids, token_type_ids=types),
+                "padded.": model(ids, token_type_ids=types, attention_mask=mask)}
+    checked = 0
+    for key, want in ref.items():
+        prefix, _, field = key.rpartition(".")
+        prefix = prefix + "." if prefix else ""
+        if key in ("input_ids", "token_type_ids", "attention_mask"):
+            continue
+        _same(getattr(runs[prefix], field), want, key)
+        checked += 1
+    assert checked >= 6
+
+
+@pytest.mark.parametrize("name", ["decoder", "decoder-ape"])
+def test_decoder_outputs_are_bit_identical(name):
+    model, ref = _load(name)
+    ids = ref["input_ids"]
+    with torch.no_grad():
+        causal = model(ids)
+        _same(causal.logits, ref["logits"], "logits")
+        _same(causal.relation_output, ref["relation_output"], "relation_output")
+        _same(model(ids, prefix_lengths=ref["prefix_lengths"]).logits, ref["prefix.logits"],
+              "prefix.logits")
+        _same(model(ids, attention_mask=ref["attention_mask"]).logits, ref["padded.logits"],
+              "padded.logits")
+    _same(model.generate(ids[:, :5], max_new_tokens=6), ref["generated"], "generated")
+
+
+def test_encoder_decoder_outputs_are_bit_identical():
+    model, ref = _load("encoder-decoder")
+    ids, dec = ref["input_ids"], ref["decoder_input_ids"]
+    with torch.no_grad():
+        out = model(ids, decoder_input_ids=dec)
+        padded = model(ids, decoder_input_ids=dec, attention_mask=ref["attention_mask"])
+    for field in ("logits", "relation_output", "encoder_sequence_output",
+                  "encoder_relation_output"):
+        _same(getattr(out, field), ref[field], field)
+    _same(padded.logits, ref["padded.logits"], "padded.logits")
+    _same(model.generate(ids, max_new_tokens=5), ref["generated"], "generated")
