@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folnet.arch.embeddings import relative_position_ids
-from folnet.ops import masks
+from folnet.arch.atoms import relative_position_ids, token_positions
 
 
 class BaselineFolnet(nn.Module):
@@ -78,8 +77,10 @@ class BaselineFolnet(nn.Module):
     def forward(self, input_ids, token_type_ids, mlm_labels=None, nsp_labels=None):
         m = self.model
         cfg = m.cfg
-        rel = relative_position_ids(token_type_ids, cfg.delta) if cfg.position == "rpe" else None
-        u1, u2 = m.encoder.atoms(input_ids, token_type_ids, rel)
+        rel = relative_position_ids(token_type_ids, cfg.delta) if cfg.relative_atoms else None
+        T = input_ids.shape[1]
+        u1, u2 = m.encoder.atoms(input_ids, token_type_ids,
+                                 token_positions(None, T, input_ids.device), rel, T)
         for layer in m.encoder.layers:
             u1, u2 = self._layer(layer, u1, u2)
         u1 = F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps)
@@ -96,4 +97,4 @@ class BaselineFolnet(nn.Module):
                                mlm_logits=logits, nsp_logits=nsp)
 
 
-__all__ = ["BaselineFolnet", "masks"]
+__all__ = ["BaselineFolnet"]

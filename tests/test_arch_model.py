@@ -66,16 +66,16 @@ def test_plans_round_trip_and_per_layer():
     [
         (lambda ids, t: dict(input_ids=ids.float()), r"input_ids must be integer token ids"),
         (lambda ids, t: dict(input_ids=ids + 100), r"id \d+, outside the vocabulary: ids must "
-                                                     r"be < vocab_size = 100"),
-        (lambda ids, t: dict(input_ids=ids - 50), r"negative id \(-\d+\); ids must be in "
-                                                    r"\[0, vocab_size = 100\)"),
+                                                     r"be in \[0, vocab_size = 100\)"),
+        (lambda ids, t: dict(input_ids=ids - 50), r"contain id -\d+, outside the vocabulary: "
+                                                    r"ids must be in \[0, vocab_size = 100\)"),
         (lambda ids, t: dict(input_ids=ids[0]), r"input_ids must have shape \(batch, tokens\)"),
         (lambda ids, t: dict(input_ids=ids, token_type_ids=t[:, :5]),
-         r"token_type_ids shape \(2, 5\) differs from input_ids shape \(2, 12\)"),
+         r"token_type_ids must be a tensor shaped like input_ids \(2, 12\), got \(2, 5\)"),
         (lambda ids, t: dict(input_ids=ids, token_type_ids=t + 2),
          r"token_type_ids contain 3, outside \[0, type_vocab_size = 2\)"),
         (lambda ids, t: dict(input_ids=ids, attention_mask=torch.ones(2, 7)),
-         r"attention_mask shape \(2, 7\) differs"),
+         r"attention_mask must be a tensor shaped like input_ids \(2, 12\), got \(2, 7\)"),
     ],
 )
 def test_bad_inputs_are_named(make, match):

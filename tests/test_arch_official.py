@@ -44,13 +44,27 @@ def test_official_fixture_reproduces_reference_outputs(reference):
     _check(model, reference)
 
 
-@pytest.mark.parametrize("backend", ["einsum", "sdpa"])
+@pytest.mark.parametrize("backend", ["fused", "einsum"])
 def test_fixture_matches_on_every_cpu_backend(reference, backend):
-    model = folnet.load_official(PREFIX)
-    for layer in model.encoder.layers:
-        layer.kernels = [folnet.compile_operator(s.spec, backend) if
-                         backend == "einsum" or s.spec.symbol in "jmct" else k
-                         for s, k in zip(layer.slots, layer.kernels, strict=True)]
+    model = folnet.load_official(PREFIX, backend=backend)
+    layer = model.encoder.layers[0]
+    call = layer.ops[0].call(torch.zeros(1), padded=False, requires_grad=False)
+    assert {op.select(call).name for op in layer.ops} == {backend}  # chosen by the argument
+    _check(model, reference)
+
+
+def test_fixture_matches_with_sdpa_where_it_applies(reference):
+    """SDPA runs the attention-shaped operators (j, m, c, t); a and p have no attention shape,
+    so a model forcing sdpa alone fails when it is built. A priority list ("sdpa,fused") gives
+    SDPA every operator it can run and the fused path the rest."""
+    with pytest.raises(folnet.FolnetError, match=r"'a' cannot run on backend 'sdpa'"):
+        folnet.load_official(PREFIX, backend="sdpa")
+    model = folnet.load_official(PREFIX, backend="sdpa,fused")
+    call = model.encoder.layers[0].ops[0].call(torch.zeros(1), padded=False,
+                                               requires_grad=False)
+    chosen = {op.spec.symbol: op.select(call).name for op in model.encoder.layers[0].ops}
+    assert chosen == {"j": "sdpa", "m": "sdpa", "c": "sdpa", "a": "fused", "p": "fused",
+                      "t": "sdpa"}
     _check(model, reference)
 
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import folnet
-from folnet.arch.decoder import apply_rows, decoder_spec
 from folnet.ops import compile_operator
-from folnet.ops.masks import prefix_visibility
+from folnet.ops.masks import causal_form
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +86,7 @@ def test_registered_operator_is_causal_too(trans_first):
 def test_cjoin_decoder_form_is_the_papers():
     """The released c reduces over the binary stream's first index (v_s(a, x)); causally that
     keeps a == x only, so the decoder reads the premise as v_s(x, a) with a <= x."""
-    c = decoder_spec(folnet.get_operator("c"))
+    c = causal_form(folnet.get_operator("c"))
     assert c.premise == ("x", "a", "s") and c.kernel == ("a", "s", "h") and c.mask == ("premise",)
     K = torch.randn(1, 5, 3, 2, dtype=torch.float64)  # K_sh(a)
     v = torch.randn(1, 5, 5, 3, dtype=torch.float64)
@@ -101,8 +100,8 @@ def test_cjoin_decoder_form_is_the_papers():
                 w[:, a, x] += 1.0
                 moved = not torch.equal(op(K, w)[:, x], base[:, x])
                 assert moved == informative, (spec.premise, x, a)
-    assert decoder_spec(folnet.get_operator("t")) is folnet.get_operator("t")
-    assert decoder_spec(folnet.get_operator("j")) is folnet.get_operator("j")
+    assert causal_form(folnet.get_operator("t")) is folnet.get_operator("t")
+    assert causal_form(folnet.get_operator("j")) is folnet.get_operator("j")
 
 
 @pytest.mark.parametrize("ops", ["j.", "c.", "m.a", ".at", "jmc.atp"])
@@ -141,29 +140,6 @@ def test_encoder_decoder_no_leak_and_sees_the_input(ops):
     if ops not in (".p",):  # p alone never relates two tokens
         assert not torch.equal(other.sequence_output[:, 0], base.sequence_output[:, 0]) or \
             not torch.equal(other.relation_output[:, 0], base.relation_output[:, 0])
-
-
-@pytest.mark.parametrize("symbol", ["j", "m", "c", "a", "p", "t"])
-def test_rows_path_matches_compiled_causal_operator(symbol):
-    spec = decoder_spec(folnet.get_operator(symbol))
-    sizes = {"x": 6, "y": 6, "a": 6, "h": 2, "s": 3, "w": 4}
-    g = torch.Generator().manual_seed(3)
-    K = torch.randn(2, *(sizes[c] for c in spec.kernel), generator=g, dtype=torch.float64)
-    v = torch.randn(2, *(sizes[c] for c in spec.premise), generator=g, dtype=torch.float64)
-    visible = prefix_visibility(torch.tensor([2, 0]), 6)
-    pad = torch.ones(2, 6, dtype=torch.bool)
-    pad[1, 0] = False
-    full = compile_operator(spec, "einsum", causal=True)(K, v, pad, visible=visible)
-    rows_ = torch.arange(6)
-    got = apply_rows(compile_operator(spec, "einsum"), K, v, rows=rows_, visible=visible, pad=pad)
-    torch.testing.assert_close(got, full)
-    pick = torch.tensor([1, 4])  # two query rows against the whole domain
-    q = spec.output[0]
-    Ks = K.index_select(1 + spec.kernel.index(q), pick) if q in spec.kernel else K
-    vs = v.index_select(1 + spec.premise.index(q), pick) if q in spec.premise else v
-    got = apply_rows(compile_operator(spec, "einsum"), Ks, vs, rows=pick, visible=visible,
-                     pad=pad)
-    torch.testing.assert_close(got, full.index_select(1, pick))
 
 
 @pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])

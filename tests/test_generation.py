@@ -8,7 +8,7 @@ import torch
 
 import folnet
 from folnet.arch import objectives
-from folnet.arch.decoder import DecoderLayer
+from folnet.arch.layer import DualStreamLayer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -78,13 +78,14 @@ def test_cache_matches_with_prefix_padding_and_masks():
 def test_cached_steps_compute_one_row(kind, monkeypatch):
     """With the cache, each new token runs every layer on one row; without, on all of them."""
     seen = []
-    original = DecoderLayer.forward_rows
+    original = DualStreamLayer.forward
 
-    def spy(self, u1, u2, assemble, rows, visible, pad=None):
-        seen.append((u1.shape[1], u2.shape[1]))
-        return original(self, u1, u2, assemble, rows, visible, pad)
+    def spy(self, u1, u2, domain, **kw):
+        if domain.rows is not None:  # query rows of a longer domain
+            seen.append((u1.shape[1], u2.shape[1]))
+        return original(self, u1, u2, domain, **kw)
 
-    monkeypatch.setattr(DecoderLayer, "forward_rows", spy)
+    monkeypatch.setattr(DualStreamLayer, "forward", spy)
     model, x = tiny(kind, "j.at"), prompt()
     model.generate(x, 6)
     L = model.cfg.L

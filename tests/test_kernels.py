@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from folnet.arch import kernels
+from folnet.ops import kernels
 
 
 def _grads(fn, tensors, seed=0):

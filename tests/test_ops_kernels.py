@@ -8,7 +8,7 @@ from loops import CAUSAL_LOOPS, LOOPS
 from opdata import SIZES, inputs, leading, perturb_after, perturb_tokens
 
 import folnet
-from folnet.ops.backends import BACKENDS, Call, attention_layout
+from folnet.ops.backends import BACKENDS, Call
 from folnet.ops.compiler import compile_operator
 
 BUILTINS = "bcjmapt"
@@ -16,14 +16,17 @@ ALL_OPS = [s.symbol for s in folnet.operators()]
 OTHER_BACKENDS = [name for name in BACKENDS if name != "einsum"]
 
 
-def _fits(symbol: str, backend: str) -> bool:
-    """Whether a backend can run an operator at all (attention shape for the fused ones);
-    combinations that cannot are not generated, so skips mean 'unavailable here' only."""
-    return backend == "einsum" or attention_layout(folnet.get_operator(symbol)) is not None
+def _fits(symbol: str, backend: str, causal: bool | None = None) -> bool:
+    """Whether a backend can run an operator at all (attention shape for sdpa/xformers, no
+    causal calls for fused; ``causal=None``: either way); combinations that cannot are not
+    generated, so skips mean 'unavailable here' only."""
+    spec = folnet.get_operator(symbol)
+    modes = (False, True) if causal is None else (causal,)
+    return any(BACKENDS[backend].why_not_spec(spec, c) is None for c in modes)
 
 
-def pairs(backends):
-    return [(s, b) for s in ALL_OPS for b in backends if _fits(s, b)]
+def pairs(backends, causal=None):
+    return [(s, b) for s in ALL_OPS for b in backends if _fits(s, b, causal)]
 
 
 @pytest.mark.parametrize("symbol", BUILTINS)
@@ -48,8 +51,9 @@ def test_builtin_causal_matches_loop_reference(symbol):
     assert not torch.allclose(got, compile_operator(symbol, "einsum")(k, v))
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("symbol", "backend"), [p for p in pairs(BACKENDS) if p[0] in BUILTINS])
+@pytest.mark.parametrize(("symbol", "backend", "causal"),
+                         [(*p, c) for c in (False, True) for p in pairs(BACKENDS, c)
+                          if p[0] in BUILTINS])
 def test_gradcheck(symbol, backend, causal):
     spec = folnet.get_operator(symbol)
     small = {"x": 3, "y": 3, "a": 3, "h": 2, "s": 2, "w": 2}
@@ -72,9 +76,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("symbol", "backend"), pairs(OTHER_BACKENDS))
+@pytest.mark.parametrize(("symbol", "backend", "causal"),
+                         [(*p, c) for c in (False, True) for p in pairs(OTHER_BACKENDS, c)])
 def test_backend_matches_einsum(symbol, backend, dtype, causal, padded):
     spec = folnet.get_operator(symbol)
     device = "cuda" if backend == "xformers" and torch.cuda.is_available() else "cpu"
@@ -98,7 +102,7 @@ def test_backend_matches_einsum(symbol, backend, dtype, causal, padded):
     assert _rel(v.grad, ref_v.grad) < tol
 
 
-@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS))
+@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS, causal=True))
 def test_causal_no_leak(symbol, backend):
     """Perturbing every entry that involves a token after position t changes no output at or
     before t (unary and binary outputs alike)."""
@@ -115,7 +119,7 @@ def test_causal_no_leak(symbol, backend):
         assert torch.equal(leading(out, spec.output, t), leading(base, spec.output, t)), t
 
 
-@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS))
+@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS, causal=False))
 def test_padding_excluded_from_reductions(symbol, backend):
     spec = folnet.get_operator(symbol)
     k, v = inputs(spec, dtype=torch.float32, seed=7)
@@ -192,7 +196,7 @@ def test_forced_backend_that_cannot_run_says_why():
         compile_operator("a", "cuda")
 
 
-@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS))
+@pytest.mark.parametrize(("symbol", "backend"), pairs(BACKENDS, causal=True))
 def test_prefix_visibility(symbol, backend):
     """A PrefixLM's visibility: prefix positions see the whole prefix, targets stay causal."""
     from folnet.ops.masks import prefix_visibility
@@ -214,3 +218,104 @@ def test_prefix_visibility(symbol, backend):
         assert not torch.allclose(leading(out, spec.output, 0), leading(base, spec.output, 0))
     with pytest.raises(folnet.FolnetError, match="visible must be a bool"):
         op(k, v, visible=visible.long())
+
+
+def test_auto_priority_is_one_table_and_explain_names_the_fused_path():
+    """auto takes the first backend of the device's PRIORITY that supports the call; a
+    layer's operator (compiled with the model's dims) says how it wants its operands."""
+    from folnet.ops.backends import PRIORITY
+
+    assert PRIORITY["cpu"][0] == "fused" and PRIORITY["cuda"][:2] == ("xformers", "sdpa")
+    dims = {"D1": 64, "D2": 16, "H": 4, "S": 16, "F1": 128, "F2": 32}
+    p = compile_operator("p", dims=dims)
+    k, v = inputs(folnet.get_operator("p"), dtype=torch.float32)
+    text = p.explain(k, v)
+    assert "runs on 'fused' (kernel cl, premise fold)" in text, text
+    causal = compile_operator("p", causal=True, dims=dims)
+    text = causal.explain(k, v)
+    assert "runs on 'einsum'" in text and "fused: causal masks apply" in text, text
+    # query rows never take the fused path either
+    call = Call(k.device, k.dtype, False, False, False, rows=True)
+    assert compile_operator("p", dims=dims).select(call).name == "einsum"
+
+
+@pytest.fixture
+def bprod():
+    """A registered operator with a binary identity kernel: the fused backend folds it."""
+    spec = folnet.register_operator(symbol="q", name="bprod_fold", typing="B <- B x U",
+                                    kernel="x y w", premise="x h w", output="x y h",
+                                    bdim="x", rdim="w")
+    yield spec
+    folnet.unregister_operator("q")
+
+
+@pytest.mark.parametrize("symbol", ["c", "m", "p", "t", "q"])  # those with a foldable tensor
+def test_fused_backend_folds_and_matches_einsum(symbol, request):
+    """The fused backend fed folded projections (the stream and the weight rows) equals the
+    einsum backend on the materialised kernel and premise, gradients included (float64)."""
+    from folnet.ops import Operand
+    from folnet.ops.backends import BACKENDS as ALL
+
+    spec = request.getfixturevalue("bprod") if symbol == "q" else folnet.get_operator(symbol)
+    g = torch.Generator().manual_seed(11)
+    B, T, D = 2, 5, 6
+    sizes = {"x": T, "y": T, "a": T, "h": 2, "s": 3, "w": 4}
+    operands, ref = {}, {}
+    for role in ("kernel", "premise"):
+        idx = spec.tensor(role)
+        toks = [c for c in idx if c in "xya"]
+        chans = [c for c in idx if c not in "xya"]
+        cshape = [sizes[c] for c in chans]
+        if spec.stream(role) == "B" and not (role == "kernel" and spec.activation == "softmax"):
+            stream = torch.randn(B, T, T, D, generator=g, dtype=torch.float64,
+                                 requires_grad=True)
+            w = torch.randn(*cshape, D, generator=g, dtype=torch.float64, requires_grad=True)
+            b = torch.randn(*cshape, generator=g, dtype=torch.float64, requires_grad=True)
+            operands[role] = Operand(stream, tuple(toks), weight=w, bias=b)
+            dense = torch.einsum("bxyd,...d->bxy...", stream, w) + b  # (B, T, T, *channels)
+            ref[role] = Operand(dense, (*toks, *chans)).laid_out(idx)
+        else:
+            t = torch.randn(B, *(sizes[c] for c in idx), generator=g, dtype=torch.float64,
+                            requires_grad=True)
+            operands[role], ref[role] = Operand(t, idx), t
+    assert any(o.folded for o in operands.values())
+    op = compile_operator(spec)
+    got = op.run(operands["kernel"], operands["premise"], None, order=None,
+                 backend=ALL["fused"])
+    want = compile_operator(spec, "einsum")(ref["kernel"], ref["premise"])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grads = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    leaves = [t for o in operands.values()
+              for t in (o.tensor, o.weight, o.bias) if t is not None]
+    got_g = torch.autograd.grad(got, leaves, grads)
+    want_g = torch.autograd.grad(want, leaves, grads)
+    for a, b in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("symbol", [s for s in BUILTINS if s != "b"])
+def test_rows_equal_the_square_at_those_rows(symbol):
+    """op.rows: a causal operator at some query rows against the whole domain (visibility and
+    padding over the domain) gives the full call's outputs at those rows."""
+    from folnet.ops.masks import causal_form, prefix_visibility
+
+    spec = causal_form(folnet.get_operator(symbol))
+    sizes = {"x": 6, "y": 6, "a": 6, "h": 2, "s": 3, "w": 4}
+    g = torch.Generator().manual_seed(3)
+    K = torch.randn(2, *(sizes[c] for c in spec.kernel), generator=g, dtype=torch.float64)
+    v = torch.randn(2, *(sizes[c] for c in spec.premise), generator=g, dtype=torch.float64)
+    visible = prefix_visibility(torch.tensor([2, 0]), 6)
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    pad[1, 0] = False
+    op = compile_operator(spec, causal=True)
+    full = op(K, v, pad, visible=visible)
+    torch.testing.assert_close(op.rows(K, v, rows=torch.arange(6), visible=visible, mask=pad),
+                               full, rtol=0, atol=0)
+    pick = torch.tensor([1, 4])  # two query rows against the whole domain
+    q = spec.output[0]
+    Ks = K.index_select(1 + spec.kernel.index(q), pick) if q in spec.kernel else K
+    vs = v.index_select(1 + spec.premise.index(q), pick) if q in spec.premise else v
+    got = op.rows(Ks, vs, rows=pick, visible=visible, mask=pad)
+    torch.testing.assert_close(got, full.index_select(1, pick), rtol=1e-12, atol=1e-12)
+    with pytest.raises(folnet.FolnetError, match="query index 'x' has"):
+        op.rows(K, v, rows=pick, visible=visible)

@@ -1,9 +1,14 @@
-"""Architectures from operator strings: plans, layers, stacks, heads, checkpoints."""
+"""Architectures from operator strings: plans, the dual-stream layer and stack, the kinds of
+model and their heads, checkpoints.
 
-from folnet.arch.build import build_model
+Data flows one way: operator string -> `ArchPlan` (`plan`) -> `DualStreamLayer`s in a `Stack`
+(`layer`, `stack`) -> a model of one kind (`models`, found by kind in `kinds`) with a head
+(`heads`) -> checkpoints (`checkpoint`, `build`, `official`).
+"""
+
+from folnet.arch.build import build_model, from_pretrained, model_from_config
 from folnet.arch.checkpoint import (
     ensure_operators,
-    from_pretrained,
     load_weights,
     read_metadata,
     read_weights,
@@ -11,30 +16,39 @@ from folnet.arch.checkpoint import (
 )
 from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
 from folnet.arch.config import preset as load_preset
+from folnet.arch.heads import HEADS, Head, register_head
 from folnet.arch.info import model_info
-from folnet.arch.model import FolnetModel, FolnetOutput
+from folnet.arch.models import FolnetDecoderLM, FolnetEncoderDecoder, FolnetModel
 from folnet.arch.official import load_official
+from folnet.arch.outputs import FolnetOutput, TextOutput
 from folnet.arch.plan import ArchPlan, LayerPlan, parse_layer, parse_plan
 
 __all__ = [
+    "HEADS",
     "KINDS",
     "POSITIONS",
     "PRESETS",
     "ArchPlan",
+    "FolnetDecoderLM",
+    "FolnetEncoderDecoder",
     "FolnetModel",
     "FolnetOutput",
+    "Head",
     "LayerPlan",
     "ModelConfig",
+    "TextOutput",
     "build_model",
     "ensure_operators",
     "from_pretrained",
     "load_official",
     "load_preset",
     "load_weights",
+    "model_from_config",
     "model_info",
     "parse_layer",
     "parse_plan",
     "read_metadata",
     "read_weights",
+    "register_head",
     "save_pretrained",
 ]

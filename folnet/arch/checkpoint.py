@@ -2,7 +2,8 @@
 
 ``config.json`` carries everything needed to rebuild the model: the architecture string, the
 model config, the head, and the spec of every non-built-in operator the string uses (so loading
-needs no registration code). Files are written atomically.
+needs no registration code). Files are written atomically. Reading a directory back into a
+model of the right kind is `folnet.arch.build.from_pretrained`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from folnet.arch.config import ModelConfig
-from folnet.arch.model import FolnetModel
 from folnet.errors import FolnetError
 from folnet.io import atomic_write, atomic_write_json
 from folnet.ops.registry import get_operator, register_operator
@@ -22,7 +22,8 @@ FORMAT = "folnet"
 VERSION = 1
 
 
-def model_metadata(model: FolnetModel) -> dict[str, Any]:
+def model_metadata(model: Any) -> dict[str, Any]:
+    """What config.json says of a model: enough to rebuild it (`folnet.from_pretrained`)."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -34,7 +35,7 @@ def model_metadata(model: FolnetModel) -> dict[str, Any]:
     }
 
 
-def save_pretrained(model: FolnetModel, directory: str | Path,
+def save_pretrained(model: Any, directory: str | Path,
                     extra: dict[str, Any] | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` into ``directory``."""
     from safetensors.torch import save_file
@@ -105,19 +106,3 @@ def load_weights(model: Any, directory: str | Path, *, only: str | None = None,
         raise FolnetError(f"{Path(directory) / 'model.safetensors'}: weights do not fit its "
                           f"config.json: missing keys {missing[:8]}, unexpected keys "
                           f"{result.unexpected_keys[:8]}")
-
-
-def from_pretrained(directory: str | Path, *, map_location: str = "cpu") -> FolnetModel:
-    """Rebuild a model saved with `save_pretrained` (weights loaded strictly)."""
-    directory = Path(directory)
-    meta = read_metadata(directory)
-    cfg = ModelConfig.from_dict(meta["model"])
-    ensure_operators(cfg)
-    if cfg.kind != "encoder":
-        from folnet.arch import text2text
-
-        model = text2text.from_config(cfg, head=meta.get("head"))
-    else:
-        model = FolnetModel(cfg, head=meta.get("head"), num_labels=int(meta.get("num_labels", 2)))
-    load_weights(model, directory, map_location=map_location)
-    return model.to(map_location)

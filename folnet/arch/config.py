@@ -9,9 +9,12 @@ from typing import Any
 
 from folnet import _toml
 from folnet.errors import FolnetError, choices
-from folnet.ops.compiler import BACKEND_NAMES
+from folnet.ops.compiler import parse_backend
 
-POSITIONS = ("rpe", "ape", "rpe*", "none")
+#: Position encodings: the paper's clipped relative distance starting the binary stream (rpe),
+#: a BERT-style absolute table added to the unary atoms (ape), both (the released code's two
+#: independent flags), static Shaw-style relative embeddings inside j and a (rpe*), or none.
+POSITIONS = ("rpe", "ape", "ape+rpe", "rpe*", "none")
 KINDS = ("encoder", "decoder", "encoder-decoder")
 PRESETS = ("tiny", "small", "base", "large")
 
@@ -55,8 +58,7 @@ class ModelConfig:
             raise FolnetError(f"position {self.position!r} is unknown; use {choices(POSITIONS)}")
         if self.kind not in KINDS:
             raise FolnetError(f"kind {self.kind!r} is unknown; use {choices(KINDS)}")
-        if self.backend not in BACKEND_NAMES:
-            raise FolnetError(f"backend {self.backend!r} is unknown; use {choices(BACKEND_NAMES)}")
+        parse_backend(self.backend)
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if value is not None and not (0.0 <= float(value) < 1.0):
@@ -68,6 +70,21 @@ class ModelConfig:
     def padded_vocab(self) -> int:
         """Rows of the word embedding: the vocabulary rounded up to a multiple of 8."""
         return -(-self.vocab_size // 8) * 8
+
+    @property
+    def absolute_positions(self) -> bool:
+        """Whether the unary atoms get the absolute-position table."""
+        return self.position in ("ape", "ape+rpe")
+
+    @property
+    def relative_atoms(self) -> bool:
+        """Whether the binary stream starts from the relative-position embedding."""
+        return self.position in ("rpe", "ape+rpe")
+
+    @property
+    def relative_ids(self) -> bool:
+        """Whether the model reads clipped relative-distance ids (rpe, ape+rpe, rpe*)."""
+        return self.position in ("rpe", "ape+rpe", "rpe*")
 
     @property
     def kernel_dropout(self) -> float:

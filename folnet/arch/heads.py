@@ -1,15 +1,24 @@
-"""Task heads on top of the encoder's outputs (DESIGN.md section 3 for the released ones)."""
+"""Task heads, looked up by name (DESIGN.md section 3 for the released ones).
+
+A head declares the kinds of model it fits, the modules it adds to the model -- registered
+under the names given, which are the checkpoints' key prefixes (``mlm.*``, ``nsp.*``,
+``classifier.*``, ``qa.*``, ``lm.*``) -- and how it turns the stack's outputs into logits and
+losses. `register_head` adds one; `get_head` lists the names that fit a kind on a miss.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from folnet.arch.config import ModelConfig
-
-HEADS = ("pretraining", "mlm", "classification", "multiple-choice", "qa",
-         "token-classification")
+from folnet.arch.inputs import check_labels
+from folnet.arch.outputs import FolnetOutput
+from folnet.errors import FolnetError, choices
 
 
 class MLMHead(nn.Module):
@@ -27,7 +36,8 @@ class MLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         h = F.layer_norm(F.gelu(self.transform(hidden)), (self.cfg.D1,),
                          eps=self.cfg.layer_norm_eps)
-        return F.linear(h, self._word.weight, self.bias)  # (..., padded vocab)
+        # (..., V): the padded vocabulary's extra rows are never predicted
+        return F.linear(h, self._word.weight, self.bias)[..., : self.cfg.vocab_size]
 
 
 class PoolerClassifier(nn.Module):
@@ -55,3 +65,167 @@ def gather_masked(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Ten
     """
     where = labels != -100
     return hidden[where], labels[where]
+
+
+@dataclass
+class Targets:
+    """The labels a forward pass may get, and how the MLM logits are wanted."""
+
+    labels: torch.Tensor | None = None
+    mlm_labels: torch.Tensor | None = None
+    nsp_labels: torch.Tensor | None = None
+    start_positions: torch.Tensor | None = None
+    end_positions: torch.Tensor | None = None
+    gather_mlm: bool = False
+
+
+class Head:
+    """A head: ``build`` gives its modules by attribute name, ``forward`` fills the output's
+    fields from them and returns its losses."""
+
+    name = "?"
+    kinds: tuple[str, ...] = ("encoder",)
+    multiple_choice = False  # inputs (batch, choices, tokens)
+
+    def build(self, cfg: ModelConfig, num_labels: int, word: nn.Embedding
+              ) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def forward(self, model: nn.Module, out: Any, targets: Targets) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+
+class _MaskedLM(Head):
+    name = "mlm"
+
+    def build(self, cfg, num_labels, word):
+        return {"mlm": MLMHead(cfg, word)}
+
+    def forward(self, model, out: FolnetOutput, targets):
+        seq, labels = out.sequence_output, targets.mlm_labels
+        if labels is None:
+            out.mlm_logits = model.mlm(seq)
+            return []
+        check_labels(labels, tuple(seq.shape[:2]), "mlm_labels")
+        if targets.gather_mlm:
+            seq, labels = gather_masked(seq, labels)
+            out.mlm_labels = labels
+        out.mlm_logits = model.mlm(seq)
+        return [mlm_loss(out.mlm_logits, labels)]
+
+
+class _Pretraining(_MaskedLM):
+    name = "pretraining"
+
+    def build(self, cfg, num_labels, word):
+        return {**super().build(cfg, num_labels, word), "nsp": nn.Linear(cfg.D1, 2)}
+
+    def forward(self, model, out, targets):
+        losses = super().forward(model, out, targets)
+        out.nsp_logits = model.nsp(out.pooled_output)
+        if targets.nsp_labels is not None:
+            losses.append(F.cross_entropy(out.nsp_logits.float(), targets.nsp_labels))
+        return losses
+
+
+class _Classification(Head):
+    name = "classification"
+
+    def build(self, cfg, num_labels, word):
+        return {"classifier": PoolerClassifier(cfg.D1, num_labels, cfg.dropout)}
+
+    def forward(self, model, out, targets):
+        out.logits = model.classifier(out.pooled_output)  # (B, C)
+        labels = targets.labels
+        if labels is None:
+            return []
+        if out.logits.shape[-1] == 1:  # regression
+            return [F.mse_loss(out.logits.squeeze(-1).float(), labels.float())]
+        return [F.cross_entropy(out.logits.float(), labels)]
+
+
+class _MultipleChoice(Head):
+    name = "multiple-choice"
+    multiple_choice = True
+
+    def build(self, cfg, num_labels, word):
+        return {"classifier": PoolerClassifier(cfg.D1, 1, cfg.dropout)}
+
+    def forward(self, model, out, targets):
+        out.logits = model.classifier(out.pooled_output).squeeze(-1)  # (B, C)
+        labels = targets.labels
+        return [] if labels is None else [F.cross_entropy(out.logits.float(), labels)]
+
+
+class _QuestionAnswering(Head):
+    name = "qa"
+
+    def build(self, cfg, num_labels, word):
+        return {"qa": nn.Linear(cfg.D1, 2)}
+
+    def forward(self, model, out, targets):
+        out.logits = model.qa(out.sequence_output)  # (B, T, 2)
+        out.start_logits, out.end_logits = out.logits.unbind(-1)
+        if targets.start_positions is None or targets.end_positions is None:
+            return []
+        return [0.5 * (F.cross_entropy(out.start_logits.float(), targets.start_positions)
+                       + F.cross_entropy(out.end_logits.float(), targets.end_positions))]
+
+
+class _TokenClassification(Head):
+    name = "token-classification"
+
+    def build(self, cfg, num_labels, word):
+        return {"dropout": nn.Dropout(cfg.dropout), "classifier": nn.Linear(cfg.D1, num_labels)}
+
+    def forward(self, model, out, targets):
+        out.logits = model.classifier(model.dropout(out.sequence_output))  # (B, T, C)
+        if targets.labels is None:
+            return []
+        return [F.cross_entropy(out.logits.flatten(0, 1).float(), targets.labels.flatten(),
+                                ignore_index=-100)]
+
+
+class _LanguageModel(Head):
+    """The text-to-text models' LM head: the MLM head's transform, decoder tied to the word
+    embedding; the models compute their own next-token losses."""
+
+    name = "lm"
+    kinds = ("decoder", "encoder-decoder")
+
+    def build(self, cfg, num_labels, word):
+        return {"lm": MLMHead(cfg, word)}
+
+    def forward(self, model, out, targets):
+        out.logits = model.lm(out.sequence_output)  # (B, T, V)
+        return []
+
+
+HEADS: dict[str, Head] = {}
+
+
+def register_head(head: Head) -> Head:
+    """Add a head under ``head.name`` (a duplicate name is refused)."""
+    if head.name in HEADS:
+        raise FolnetError(f"head {head.name!r} is already registered")
+    HEADS[head.name] = head
+    return head
+
+
+for _head in (_Pretraining(), _MaskedLM(), _Classification(), _MultipleChoice(),
+              _QuestionAnswering(), _TokenClassification(), _LanguageModel()):
+    register_head(_head)
+
+
+def head_names(kind: str) -> tuple[str, ...]:
+    """The heads a kind of model can carry."""
+    return tuple(name for name, head in HEADS.items() if kind in head.kinds)
+
+
+def get_head(name: str, kind: str) -> Head:
+    """The head ``name`` for a model of ``kind``; a miss lists what fits."""
+    head = HEADS.get(name)
+    if head is None or kind not in head.kinds:
+        raise FolnetError(f"head {name!r} is unknown for kind {kind!r}; use None or "
+                          f"{choices(head_names(kind))}")
+    return head

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from folnet.arch.model import FolnetModel
+from folnet.arch.atoms import relative_position_ids, token_positions
+from folnet.arch.domain import Domain
+from folnet.arch.models.encoder import FolnetModel
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,13 @@ def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with FlopCounterMode(display=False) as counter:
-            model.encoder(ids, torch.zeros_like(ids), None)
+            types = torch.zeros_like(ids)
+            rel = (relative_position_ids(types, model.cfg.delta)
+                   if model.cfg.relative_ids else None)
+            domain = Domain(n=seq_len, rel_ids=rel if model.cfg.position == "rpe*" else None)
+            u1, _ = model.encoder(ids, types, domain, token_positions(None, seq_len, device),
+                                  rel)
+            model.encoder.pool(u1)
     model.train(was_training)
     params = parameter_breakdown(model)
     return ModelInfo(ops=str(model.plan), seq_len=seq_len, params=params,

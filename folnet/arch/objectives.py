@@ -24,14 +24,17 @@ IGNORE = -100
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
-            prefix_lengths: torch.Tensor | None = None) -> torch.Tensor:
+            prefix_lengths: torch.Tensor | None = None,
+            positions: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token cross-entropy: position i predicts labels[i + 1]. With ``prefix_lengths`` only
-    tokens after each row's prefix are predicted (the PrefixLM objective). logits (B, T, V),
-    labels (B, T) with -100 for ignored tokens."""
+    tokens after each row's prefix are predicted (the PrefixLM objective), the prefix counted in
+    ``positions`` ((B|1, T), default 0..T-1: from each row's first real token). logits
+    (B, T, V), labels (B, T) with -100 for ignored tokens."""
     target = labels[:, 1:]  # (B, T-1)
     if prefix_lengths is not None:
-        pos = torch.arange(1, labels.shape[1], device=labels.device)
-        target = target.masked_fill(pos[None, :] < prefix_lengths[:, None], IGNORE)
+        pos = (torch.arange(1, labels.shape[1], device=labels.device)[None]
+               if positions is None else positions[:, 1:])  # (B|1, T-1)
+        target = target.masked_fill(pos < prefix_lengths[:, None], IGNORE)
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(),
                            ignore_index=IGNORE)
 

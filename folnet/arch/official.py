@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from folnet.arch.config import ModelConfig
-from folnet.arch.layer import FolnetLayer
-from folnet.arch.model import FolnetModel
+from folnet.arch.layer import DualStreamLayer
+from folnet.arch.models.encoder import FolnetModel
 from folnet.errors import FolnetError
 from folnet.ops.registry import get_operator
 
@@ -44,9 +44,9 @@ def read_official_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]
             raise FolnetError(f"{path}: {key} = {raw[key]!r} is not supported (only {want!r})")
     if raw.get("diag_link", False):
         raise FolnetError(f"{path}: diag_link = true is not supported")
+    # the released flags are independent: the absolute table is added to the unary atoms, the
+    # relative embedding starts the binary stream (DESIGN.md section 3)
     ape, rpe = bool(raw.get("absolute_position")), bool(raw.get("relative_position"))
-    if ape and rpe:
-        raise FolnetError(f"{path}: both absolute_position and relative_position are set")
     mixer = need("mixer_ops")
     names = [[get_operator(n).symbol for n in (mixer.get(k) or [])] for k in ("1", "2")]
     ops = "".join(names[0]) + "." + "".join(names[1])
@@ -55,7 +55,8 @@ def read_official_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]
         ops=ops, D1=int(pdims[1]), D2=int(pdims[2]), L=int(need("num_layers")),
         H=int(need("num_heads")), S=int(need("head_size")), F1=int(idims[1]), F2=int(idims[2]),
         delta=int(need("max_position_offset")),
-        position="ape" if ape else "rpe" if rpe else "none",
+        position={(True, True): "ape+rpe", (True, False): "ape", (False, True): "rpe",
+                  (False, False): "none"}[ape, rpe],
         vocab_size=int(need("vocab_size")), type_vocab_size=int(raw.get("type_vocab_size", 2)),
         dropout=float(raw.get("hidden_dropout_prob", 0.1)),
         layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
@@ -84,7 +85,7 @@ class _Source:
         return value
 
 
-def _map_layer(src: _Source, layer: FolnetLayer, ours: str, theirs: str, out: dict) -> None:
+def _map_layer(src: _Source, layer: DualStreamLayer, ours: str, theirs: str, out: dict) -> None:
     """Fill the fused parameters of one of our layers from one released layer."""
     params = {n: p.detach().clone() for n, p in layer.named_parameters()}
     bias_pos = {"U": 0, "B": 0}
@@ -141,15 +142,18 @@ def _map_layer(src: _Source, layer: FolnetLayer, ours: str, theirs: str, out: di
     out.update({f"{ours}{n}": p for n, p in params.items()})
 
 
-def load_official(prefix: str | Path, *, head: str | None = "auto") -> FolnetModel:
+def load_official(prefix: str | Path, *, head: str | None = "auto",
+                  backend: str = "auto") -> FolnetModel:
     """Load ``prefix.cfg`` + ``prefix.pt`` (released format) into our model.
 
     ``head="auto"`` picks the head the checkpoint carries (pretraining, mlm, classification or
     none); pass a head name to insist on one, or None for the bare encoder (head keys are then
-    left unused, which is allowed).
+    left unused, which is allowed). ``backend`` forces the operators' backend
+    (`folnet.ops.compiler.BACKEND_NAMES`).
     """
     prefix = str(prefix)
     cfg, _raw = read_official_config(prefix + ".cfg")
+    cfg = cfg.replace(backend=backend)
     weights = Path(prefix + ".pt")
     if not weights.is_file():
         raise FolnetError(f"released weights {str(weights)!r} do not exist")
@@ -181,17 +185,17 @@ def load_official(prefix: str | Path, *, head: str | None = "auto") -> FolnetMod
                                              shape[f"{e}atoms.word.weight"])
     ours[f"{e}atoms.token_type.weight"] = src.take("folnet.encoder.type_embd.weight",
                                                    shape[f"{e}atoms.token_type.weight"])
-    if cfg.position == "rpe":
+    if cfg.relative_atoms:
         ours[f"{e}atoms.relative.weight"] = src.take("folnet.encoder.rel_pos_embd.weight",
                                                      shape[f"{e}atoms.relative.weight"])
-    if cfg.position == "ape":
+    if cfg.absolute_positions:
         key = next((k for k in _APE_KEYS if src.has(k)), _APE_KEYS[0])
         ours[f"{e}atoms.absolute.weight"] = src.take(key, shape[f"{e}atoms.absolute.weight"])
     for i, layer in enumerate(model.encoder.layers):
         _map_layer(src, layer, f"{e}layers.{i}.", f"folnet.reasoner.layers.{i}.", ours)
     for part in ("weight", "bias"):
         ours[f"{e}pooler.{part}"] = src.take(f"folnet.dense.{part}", shape[f"{e}pooler.{part}"])
-    if model.mlm is not None:
+    if head in ("pretraining", "mlm"):
         ours["mlm.bias"] = src.take("cls.heads.predictions.bias", shape["mlm.bias"])
         for part in ("weight", "bias"):
             ours[f"mlm.transform.{part}"] = src.take(

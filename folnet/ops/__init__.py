@@ -1,6 +1,7 @@
 """Neural logic operators as data: specs, registry, compiled kernels."""
 
-from folnet.ops.compiler import CompiledOperator, compile_operator
+from folnet.ops.backends import BACKENDS, PRIORITY, Call, Operand
+from folnet.ops.compiler import BACKEND_NAMES, CompiledOperator, compile_operator
 from folnet.ops.registry import (
     get_operator,
     operators,
@@ -11,7 +12,12 @@ from folnet.ops.registry import (
 from folnet.ops.spec import OperatorSpec, Projection, Typing, parse_spec, parse_typing
 
 __all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "PRIORITY",
+    "Call",
     "CompiledOperator",
+    "Operand",
     "OperatorSpec",
     "Projection",
     "Typing",

@@ -83,3 +83,11 @@ def evaluate_int(text: str, dims: dict[str, int | float], *, what: str) -> int:
     if value != int(value) or value < 1:
         raise FolnetError(f"{what} = {text!r} evaluates to {value}, expected a positive integer")
     return int(value)
+
+
+def channel_sizes(spec_sizes: tuple[tuple[str, str], ...], dims: dict[str, int | float],
+                  *, symbol: str = "?") -> dict[str, int]:
+    """The width of every channel letter of an operator (its spec's ``sizes``) for a model's
+    dimensions, e.g. ``{"h": 12, "s": 64}``."""
+    return {c: evaluate_int(e, dims, what=f"operator {symbol!r} size of {c}")
+            for c, e in spec_sizes}

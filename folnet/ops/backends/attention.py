@@ -1,13 +1,9 @@
-"""Kernel backends for compiled operators.
+"""Backends for operators with *attention shape*: torch SDPA and xformers.
 
-Each backend declares what it supports and answers *why not* for a given call (the xformers
-dispatch habit): ``why_not(...)`` returns None when the backend can run the call, else a reason.
-The `einsum` backend (an opt_einsum contraction path, any device and dtype) is the reference
-every other backend is tested against. `sdpa` and `xformers` run softmax-kernel operators whose
-contraction has *attention shape*: the kernel is ``(query letters, groups, a)``, the premise
-``(a, groups, value letters)`` and the output ``(query, groups, value)``; the kernel becomes the
-additive attention bias and the queries and keys are zero, so attention computes exactly
-``softmax_a(K) . v`` (DESIGN.md section 6).
+A softmax-kernel operator has attention shape when its kernel is ``(query letters, groups,
+a)``, its premise ``(a, groups, value letters)`` and its output ``(query, groups, value)``; the
+kernel then becomes the additive attention bias and the queries and keys are zero, so attention
+computes exactly ``softmax_a(K) . v`` (DESIGN.md section 6).
 """
 
 from __future__ import annotations
@@ -17,81 +13,14 @@ import importlib
 import math
 from dataclasses import dataclass
 
-import opt_einsum
 import torch
 import torch.nn.functional as F
 
 from folnet.ops import masks
+from folnet.ops.backends.base import Backend
 from folnet.ops.spec import OperatorSpec
 
 _ZERO_DIM = 8  # head dim of the all-zero queries/keys; 8 suits every fused kernel's alignment
-
-
-@dataclass(frozen=True)
-class Call:
-    """What a backend needs to know to decide whether it can run an operator call."""
-
-    device: torch.device
-    dtype: torch.dtype
-    causal: bool
-    padded: bool
-    requires_grad: bool
-
-
-class Backend:
-    name = "?"
-
-    def why_not(self, spec: OperatorSpec, call: Call) -> str | None:
-        raise NotImplementedError
-
-    def why_not_spec(self, spec: OperatorSpec, causal: bool) -> str | None:
-        """Why this backend can never run ``spec`` (whatever the tensors), or None: checked
-        when an operator is compiled for a forced backend, so a model that cannot run fails
-        when it is built, not at its first forward."""
-        return None
-
-    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
-        raise NotImplementedError
-
-
-# -- einsum ------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1024)
-def _expression(equation: str, shapes: tuple[tuple[int, ...], ...]):
-    return opt_einsum.contract_expression(equation, *shapes)
-
-
-class EinsumBackend(Backend):
-    """Reference backend: masks, kernel activation, then one opt_einsum contraction."""
-
-    name = "einsum"
-
-    def why_not(self, spec, call):
-        return None
-
-    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
-        kidx = masks.expanded_kernel(spec, order is not None)
-        if kidx != spec.kernel:  # (B, *k) -> (B, q, *k): causal normalisation per query token
-            kernel = kernel.unsqueeze(1).expand(kernel.shape[0], ntok, *kernel.shape[1:])
-        keep = masks.kernel_keep(spec, kidx, order=order, pad=pad)
-        if spec.activation == "softmax":
-            if keep is not None:
-                kernel = kernel.masked_fill(~keep, masks.fill_value(kernel.dtype))
-            kernel = torch.softmax(kernel, dim=1 + kidx.index(spec.rdim))
-        elif keep is not None:
-            kernel = kernel * keep
-        if dropout_p > 0.0:
-            kernel = F.dropout(kernel, p=dropout_p, training=True)
-        pkeep = masks.premise_keep(spec, order=order)
-        if pkeep is not None:
-            premise = premise * pkeep
-        k, p, o = ("".join(t) for t in (kidx, spec.premise, spec.output))
-        expr = _expression(f"b{k},b{p}->b{o}", (tuple(kernel.shape), tuple(premise.shape)))
-        return expr(kernel, premise, backend="torch")
-
-
-# -- attention-shaped backends -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -118,8 +47,14 @@ def attention_layout(spec: OperatorSpec) -> AttentionLayout | None:
     return AttentionLayout(queries, groups, values)
 
 
-def _to_attention(spec, layout, kernel, premise, keep, pkeep):
-    """Permute kernel/premise into (B, G, Q, A) bias and (B, G, A, V) values."""
+def _to_attention(spec, layout, kernel, premise, pad, order, premasked):
+    """Mask, then permute kernel/premise into (B, G, Q, A) bias and (B, G, A, V) values."""
+    kernel = kernel.laid_out(spec.kernel)
+    premise = premise.laid_out(spec.premise)
+    keep = masks.kernel_keep(spec, spec.kernel, order=order, pad=pad,
+                             premasked="kernel" in premasked)
+    pkeep = masks.premise_keep(spec, spec.premise, order=order,
+                               premasked="premise" in premasked)
     if keep is not None:
         kernel = kernel.masked_fill(~keep, masks.fill_value(kernel.dtype))
     if pkeep is not None:
@@ -167,11 +102,11 @@ class SdpaBackend(Backend):
             return f"dtype {call.dtype} is not a floating type SDPA accepts"
         return None
 
-    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
+    def run(self, op, kernel, premise, pad, *, order, dropout_p, premasked=frozenset()):
+        spec = op.spec
         layout = attention_layout(spec)
-        keep = masks.kernel_keep(spec, spec.kernel, order=order, pad=pad)
-        pkeep = masks.premise_keep(spec, order=order)
-        bias, value, shapes = _to_attention(spec, layout, kernel, premise, keep, pkeep)
+        bias, value, shapes = _to_attention(spec, layout, kernel, premise, pad, order,
+                                            premasked)
         b, g, q, a = bias.shape
         zq = bias.new_zeros(b, g, q, _ZERO_DIM)
         zk = bias.new_zeros(b, g, a, _ZERO_DIM)
@@ -204,12 +139,12 @@ class XformersBackend(Backend):
     def why_not_spec(self, spec, causal):
         return SdpaBackend().why_not_spec(spec, causal)
 
-    def run(self, spec, kernel, premise, pad, *, order, dropout_p, ntok):
+    def run(self, op, kernel, premise, pad, *, order, dropout_p, premasked=frozenset()):
+        spec = op.spec
         xops = _xformers_ops()
         layout = attention_layout(spec)
-        keep = masks.kernel_keep(spec, spec.kernel, order=order, pad=pad)
-        pkeep = masks.premise_keep(spec, order=order)
-        bias, value, shapes = _to_attention(spec, layout, kernel, premise, keep, pkeep)
+        bias, value, shapes = _to_attention(spec, layout, kernel, premise, pad, order,
+                                            premasked)
         b, g, q, a = bias.shape
         # A tensor bias needs every stride but the last aligned: pad the last dim, then slice.
         bias = _aligned(bias, 8)
@@ -225,8 +160,3 @@ def _aligned(bias: torch.Tensor, align: int) -> torch.Tensor:
     ``align`` and sliced back, so that its strides satisfy xformers' tensor-bias rule."""
     a = bias.shape[-1]
     return F.pad(bias, (0, -(-a // align) * align - a))[..., :a]
-
-
-BACKENDS: dict[str, Backend] = {
-    b.name: b for b in (EinsumBackend(), SdpaBackend(), XformersBackend())
-}

@@ -3,7 +3,7 @@
 A new token at domain position t computes one new row of every stream at every layer: its
 unary state u1[t] and its binary row u2[t, :t+1] (both carried from layer to layer, never
 stored). What it also needs from the past rows are their *context channels*, the per-layer
-projections indexed by positions other than the query (see `folnet.arch.decoder`):
+projections indexed by positions other than the query (see `folnet.arch.layer`):
 
 * unary, ``(B, capacity, Wu)``: the premise rows of ``j`` and ``a`` and the kernel rows of
   ``c`` of every position so far;
@@ -16,8 +16,8 @@ projections indexed by positions other than the query (see `folnet.arch.decoder`
 For an encoder-decoder the first N rows hold the projected encoder atoms. Both buffers are
 allocated once for the whole generation and filled row by row, so a step costs one row's work
 (O(n) per operator, O(n^2) for ``t``'s contraction) instead of a full recomputation (O(n^2)
-projections, O(n^3) for ``t``). The cache also holds the domain's static masks: visibility,
-relative-position ids and the padding mask, sized for the full capacity.
+projections, O(n^3) for ``t``). The cache also holds the domain's static facts, sized for the
+full capacity: visibility, padding, the atoms' positions and the relative-position ids.
 """
 
 from __future__ import annotations
@@ -26,20 +26,22 @@ from collections.abc import Sequence
 
 import torch
 
-from folnet.arch.decoder import Assemble, DecoderLayer
+from folnet.arch.domain import ContextHook, Domain
+from folnet.arch.layer import DualStreamLayer
 
 
 class GenerationCache:
     """Context buffers of every layer plus the domain's masks, for ``capacity`` positions."""
 
-    def __init__(self, layers: Sequence[DecoderLayer], *, batch: int, capacity: int,
-                 visible: torch.Tensor, rel_ids: torch.Tensor | None,
-                 pad: torch.Tensor | None, dtype: torch.dtype, device: torch.device):
+    def __init__(self, layers: Sequence[DualStreamLayer], *, batch: int, capacity: int,
+                 visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
+                 rel_ids: torch.Tensor | None, dtype: torch.dtype, device: torch.device):
         self.capacity = capacity
         self.length = 0  # positions whose context channels are stored
         self.visible = visible  # (B|1, capacity, capacity) bool
-        self.rel_ids = rel_ids  # (1, capacity, capacity) long, or None without RPE
         self.pad = pad  # (B, capacity) bool, or None
+        self.positions = positions  # (B|1, capacity) the atoms' position of each row
+        self.rel_ids = rel_ids  # (B|1, capacity, capacity) long, or None without RPE
         self.ctx_u: list[torch.Tensor | None] = []
         self.ctx_b: list[torch.Tensor | None] = []
         for layer in layers:
@@ -65,17 +67,27 @@ class GenerationCache:
         return ((None if cu is None else cu[:, :n]),
                 (None if cb is None else cb[:, :, :n, :n].permute(0, 2, 3, 1)))
 
-    def assembler(self, layer: int, start: int) -> Assemble:
-        """For `DecoderLayer.forward_rows` on rows ``start:start + Q``: store them, then return
-        the buffers of every position up to and including them."""
+    def hook(self, layer: int, start: int, *, read: bool) -> ContextHook:
+        """For the layer's context channels of rows ``start:start + Q``: store them; with
+        ``read``, return the buffers of every position up to and including them (query rows
+        read the past from the cache), else None (a full square reads its own)."""
 
-        def assemble(own_u, own_b):
+        def context(own_u, own_b):
             self.write(layer, start, own_u, own_b)
+            if not read:
+                return None
             own = own_u if own_u is not None else own_b
             return self.view(layer, start + (0 if own is None else own.shape[1]))
 
-        return assemble
+        return context
 
-    def masks(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Visibility (B|1, n, n) and padding (B, n) of the first ``n`` positions."""
-        return self.visible[:, :n, :n], (None if self.pad is None else self.pad[:, :n])
+    def domain(self, n: int, start: int | None = None) -> Domain:
+        """The domain of the first ``n`` positions; with ``start``, its query rows start..n-1."""
+        rows = None if start is None else torch.arange(start, n, device=self.visible.device)
+        return Domain(n=n, pad=None if self.pad is None else self.pad[:, :n],
+                      visible=self.visible[:, :n, :n], rows=rows)
+
+    def atoms_at(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions (B|1, Q) and relative ids (B|1, Q, n) of the rows ``start:n``."""
+        rel = None if self.rel_ids is None else self.rel_ids[:, start:n, :n]
+        return self.positions[:, start:n], rel

@@ -1,0 +1,40 @@
+"""The Boolean FFN stage (the operator ``b``) on both streams."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folnet.ops.kernels import binary_ffn
+
+
+class UnaryFFN(nn.Module):
+    """``Linear(D1, F1) -> GELU -> Linear(F1, D1)`` on the unary stream."""
+
+    def __init__(self, d1: int, f1: int):
+        super().__init__()
+        self.inp = nn.Linear(d1, f1)
+        self.out = nn.Linear(f1, d1)
+
+    def forward(self, n1: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.inp(n1)))  # (B, Q, D1)
+
+
+class BinaryFFN(nn.Module):
+    """The binary Boolean stage: ``[u2(x,y), u2(y,x)] -> Linear -> GELU -> Linear`` plus a skip
+    Linear of ``u2(y,x)``. (Measured on CPU: the explicit concatenation beats computing the
+    transposed half as a transposed GEMM output -- strided adds over B x T x T x F2 cost more
+    than the copy.)"""
+
+    def __init__(self, d2: int, f2: int):
+        super().__init__()
+        self.inp = nn.Linear(2 * d2, f2)
+        self.out = nn.Linear(f2, d2)
+        self.skip = nn.Linear(d2, d2)
+
+    def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None) -> torch.Tensor:
+        """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
+        for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`)."""
+        return binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight, self.out.bias,
+                          self.skip.weight, self.skip.bias, nt=n2t)

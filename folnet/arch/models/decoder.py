@@ -1,0 +1,124 @@
+"""The decoder-only FOLNet language model (paper Appendix A.5): one causal stack over the
+sequence -- CausalLM, or PrefixLM with a bidirectional prefix per row (``prefix_lengths``) --
+and the LM head (the MLM head's transform, decoder tied to the word embedding) predicting the
+next token from every position. A row padded on the left (pads marked in ``attention_mask``)
+gives the logits and tokens of the same row unpadded: positions count from its first real
+token."""
+
+from __future__ import annotations
+
+import torch
+
+from folnet.arch.atoms import token_positions
+from folnet.arch.config import ModelConfig
+from folnet.arch.domain import Domain, visibility
+from folnet.arch.inputs import check_ids, check_labels, check_mask, check_prefix
+from folnet.arch.kinds import register_kind
+from folnet.arch.models.cache import GenerationCache
+from folnet.arch.models.text import TextModel
+from folnet.arch.objectives import lm_loss
+from folnet.arch.outputs import TextOutput
+from folnet.arch.plan import ArchPlan
+from folnet.arch.stack import Stack
+
+
+@register_kind("decoder")
+class FolnetDecoderLM(TextModel):
+    """Decoder-only FOLNet language model (CausalLM, or PrefixLM with ``prefix_lengths``)."""
+
+    STATE_KEYS = (("decoder.atoms.", "atoms."), ("decoder.layers.", "layers."))
+
+    def __init__(self, cfg: ModelConfig, head: str | None = None, num_labels: int = 2, *,
+                 plan: ArchPlan | None = None):
+        super().__init__(cfg, head, num_labels, plan=plan)
+        self.decoder = Stack(cfg, self.plan, causal=True, token_types=False)
+        self.add_head(self.decoder.atoms.embedding)
+        self.reset_parameters()
+
+    def _domain(self, n: int, pad: torch.Tensor | None, prefix: torch.Tensor | None,
+                device: torch.device):
+        """The domain of n positions, the atoms' positions (B|1, n) and relative ids."""
+        positions = token_positions(pad, n, device)
+        visible = visibility(n, device, prefix, positions=positions)  # (B|1, n, n)
+        return Domain(n=n, pad=pad, visible=visible), positions, self.rel_ids(positions)
+
+    def forward(self, input_ids: torch.Tensor, prefix_lengths: torch.Tensor | int | None = None,
+                labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> TextOutput:
+        """input_ids (B, T) -> next-token logits (B, T, V). ``prefix_lengths`` (B,) makes row
+        b's first prefix_lengths[b] tokens see each other; ``labels`` (B, T) (usually the
+        input ids, -100 to ignore) gives ``.loss``, the next-token cross-entropy over the
+        target positions (after the prefix); ``attention_mask`` (B, T) marks real tokens."""
+        ids = check_ids(self.cfg, input_ids)
+        B, T = ids.shape
+        pad = check_mask(attention_mask, ids)
+        prefix = check_prefix(prefix_lengths, B, T, ids.device)
+        if labels is not None:
+            check_labels(labels, (B, T))
+        domain, positions, rel = self._domain(T, pad, prefix, ids.device)
+        u1, u2 = self.decoder(ids, None, domain, positions, rel)
+        logits = self.lm(u1)  # (B, T, V)
+        loss = None if labels is None else lm_loss(logits, labels, prefix, positions)
+        return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, *,
+                 prefix_lengths: torch.Tensor | int | None = None,
+                 attention_mask: torch.Tensor | None = None, use_cache: bool = True,
+                 eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 return_logits: bool = False):
+        """Continue every prompt row by ``max_new_tokens`` tokens: (B, T0 + new) ids, or a
+        `GenerationOutput` with the logits when ``return_logits``. Call ``model.eval()`` first.
+
+        Prompts share one length T0; pad shorter ones on the left and mark them in
+        ``attention_mask``: each row then gets the tokens it would get alone.
+        ``prefix_lengths`` makes (part of) the prompt a PrefixLM prefix. ``use_cache=False``
+        recomputes the whole sequence at each step (the reference)."""
+        ids = check_ids(self.cfg, input_ids)
+        B, T0 = ids.shape
+        self.check_generation(T0, "prompt tokens", max_new_tokens=max_new_tokens,
+                              do_sample=do_sample, temperature=temperature, top_k=top_k,
+                              eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        pad = check_mask(attention_mask, ids)
+        prefix = check_prefix(prefix_lengths, B, T0, ids.device)
+        cap = T0 + max_new_tokens
+        if pad is not None:
+            pad = torch.cat([pad, pad.new_ones(B, max_new_tokens)], dim=1)  # (B, cap)
+        domain, positions, rel = self._domain(cap, pad, prefix, ids.device)
+        cache = GenerationCache(self.decoder.layers if use_cache else (), batch=B, capacity=cap,
+                                visible=domain.visible, pad=pad, positions=positions,
+                                rel_ids=rel, dtype=self.lm.bias.dtype, device=ids.device)
+        session = self._cached if use_cache else self._recomputed
+        first, step = session(ids, cache)
+        return self.finish(ids, first, step, max_new_tokens, return_logits, do_sample=do_sample,
+                           temperature=temperature, top_k=top_k, generator=generator,
+                           eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+
+    def _prefix_run(self, ids: torch.Tensor, cache: GenerationCache, *, store: bool):
+        """The full square of the first ``n`` tokens (storing their context when ``store``)."""
+        n = ids.shape[1]
+        positions, rel = cache.atoms_at(0, n)
+        hooks = ([cache.hook(i, 0, read=False) for i in range(len(self.decoder.layers))]
+                 if store else None)
+        u1, _ = self.decoder(ids, None, cache.domain(n), positions, rel, contexts=hooks)
+        return self.lm(u1[:, -1])  # (B, V)
+
+    def _recomputed(self, ids, cache):
+        seq = [ids]
+
+        def step(tokens):
+            seq.append(tokens[:, None])
+            return self._prefix_run(torch.cat(seq, dim=1), cache, store=False)
+
+        return self._prefix_run(ids, cache, store=False), step
+
+    def _cached(self, ids, cache):
+        first = self._prefix_run(ids, cache, store=True)
+        cache.length = ids.shape[1]
+
+        def step(tokens):
+            return self.lm(self.step_rows(cache, tokens[:, None], cache.length)[:, -1])
+
+        return first, step

@@ -1,0 +1,80 @@
+"""The encoder FOLNet (the paper's model, and the released checkpoints') with its heads.
+
+``FolnetModel(cfg, head=...)`` is what `folnet.build_model` returns for ``kind="encoder"``;
+``model(input_ids, ...)`` gives a `FolnetOutput`. Inputs are checked before any computation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folnet.arch.atoms import relative_position_ids, token_positions
+from folnet.arch.config import ModelConfig
+from folnet.arch.domain import Domain
+from folnet.arch.heads import Targets
+from folnet.arch.inputs import check_ids, check_mask, check_token_types
+from folnet.arch.kinds import register_kind
+from folnet.arch.models.base import FolnetBase
+from folnet.arch.outputs import FolnetOutput
+from folnet.arch.plan import ArchPlan
+from folnet.arch.stack import Stack
+from folnet.errors import FolnetError
+
+
+@register_kind("encoder")
+class FolnetModel(FolnetBase):
+    """A bidirectional FOLNet encoder (stack + pooler) with an optional head."""
+
+    def __init__(self, cfg: ModelConfig, head: str | None = None, num_labels: int = 2, *,
+                 plan: ArchPlan | None = None):
+        super().__init__(cfg, head, num_labels, plan=plan)
+        self.encoder = Stack(cfg, self.plan, pooler=True)
+        self.add_head(self.encoder.atoms.embedding)
+        self.gather_mlm = False  # training sets it: logits only at predicted positions
+        # whether forward computes relation_output (the final binary stream); no built-in
+        # head reads it, so the training loops turn it off and the last layer skips its
+        # binary-stream updates
+        self.relations = True
+        self.reset_parameters()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, *,
+                labels: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None,
+                nsp_labels: torch.Tensor | None = None,
+                start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None) -> FolnetOutput:
+        """input_ids (B, T) [(B, C, T) for multiple choice] -> `FolnetOutput`.
+        ``attention_mask`` (B, T) removes pad tokens from every reduction over tokens; without
+        it the outputs are the released code's."""
+        choices = self.head_spec is not None and self.head_spec.multiple_choice
+        shape = None
+        if choices:
+            if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 3:
+                raise FolnetError("multiple-choice input_ids must have shape (batch, choices, "
+                                  f"tokens), got {tuple(getattr(input_ids, 'shape', ()))}")
+            shape = input_ids.shape[:2]
+            input_ids, token_type_ids, attention_mask = (
+                None if t is None else t.flatten(0, 1)
+                for t in (input_ids, token_type_ids, attention_mask))
+        ids = check_ids(self.cfg, input_ids)
+        types = check_token_types(self.cfg, token_type_ids, ids)
+        pad = check_mask(attention_mask, ids)
+        T = ids.shape[1]
+        positions = token_positions(pad, T, ids.device)  # (B|1, T)
+        rel = (relative_position_ids(types, self.cfg.delta, positions)
+               if self.cfg.relative_ids else None)  # (B, T, T)
+        domain = Domain(n=T, pad=pad, rel_ids=rel if self.cfg.position == "rpe*" else None)
+        seq, rel_out = self.encoder(ids, types, domain, positions, rel, relations=self.relations)
+        out = FolnetOutput(seq, self.encoder.pool(seq), rel_out)
+        if shape is not None:  # (B*C, ...) -> (B, C, ...)
+            out = FolnetOutput(*(None if t is None else t.unflatten(0, shape)
+                                 for t in (out.sequence_output, out.pooled_output,
+                                           out.relation_output)))
+        if self.head_spec is not None:
+            losses = self.head_spec.forward(self, out, Targets(
+                labels=labels, mlm_labels=mlm_labels, nsp_labels=nsp_labels,
+                start_positions=start_positions, end_positions=end_positions,
+                gather_mlm=self.gather_mlm))
+            if losses:
+                out.loss = torch.stack(losses).sum()
+        return out

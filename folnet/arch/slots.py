@@ -1,0 +1,127 @@
+"""Where every operator of a layer reads and writes: the fused projection layout.
+
+A layer reads each stream once through one fused projection (the concatenation of every
+operator's kernel or premise projection from that stream) and writes each stream once through
+one fused output projection (DESIGN.md section 4). `build_slots` lays the operators' channels
+out in them; the released per-operator Linears are a loading concern (`folnet.arch.official`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from folnet.arch.config import ModelConfig
+from folnet.arch.plan import LayerPlan
+from folnet.ops.sizes import channel_sizes, evaluate
+from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+
+STREAMS = ("U", "B")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A kernel or premise: where its channels sit in its stream's fused projection."""
+
+    stream: str  # "U" or "B"
+    start: int
+    width: int
+    channels: tuple[int, ...]  # channel sizes in the spec's index-list order
+    bias: bool
+
+
+@dataclass(frozen=True)
+class OperatorSlot:
+    """Static facts of one operator inside a layer, computed once at build time."""
+
+    spec: OperatorSpec
+    kernel: Segment
+    premise: Segment
+    out_start: int  # offset of its output channels in its stream's fused output projection
+    out_width: int
+    out_channels: tuple[int, ...]  # output channel sizes in the spec's order
+    kernel_scale: float  # applied before the softmax (softmax kernels only)
+    out_scale: float  # every other constant scale, folded onto the (smaller) output
+
+    def segment(self, role: str) -> Segment:
+        return self.kernel if role == "kernel" else self.premise
+
+
+def natural(idx: tuple[str, ...]) -> tuple[str, ...]:
+    """Token letters first (in order), then channel letters (in order): how a projection lays a
+    tensor out (channels last) before it is permuted into the spec's index order."""
+    return tuple(c for c in idx if c in TOKEN_LETTERS) + tuple(
+        c for c in idx if c not in TOKEN_LETTERS)
+
+
+def build_slots(plan: LayerPlan, cfg: ModelConfig
+                ) -> tuple[list[OperatorSlot], dict[str, list[Segment]], dict[str, int]]:
+    """Lay every operator's kernel, premise and output channels out in the fused projections:
+    the slots, the segments of each stream's projection, each stream's output width."""
+    dims = cfg.dims
+    offsets = {"U": 0, "B": 0}
+    out_offsets = {"U": 0, "B": 0}
+    segments: dict[str, list[Segment]] = {"U": [], "B": []}
+    slots = []
+    for spec in plan.ops:
+        sizes = channel_sizes(spec.sizes, dims, symbol=spec.symbol)
+        segs = {}
+        for role in ("kernel", "premise"):
+            stream = spec.stream(role)
+            channels = tuple(sizes[c] for c in spec.channels(role))
+            proj = spec.kernel_proj if role == "kernel" else spec.premise_proj
+            seg = Segment(stream, offsets[stream], math.prod(channels), channels, proj.bias)
+            offsets[stream] += seg.width
+            segments[stream].append(seg)
+            segs[role] = seg
+        ks = evaluate(spec.kernel_proj.scale, dims)
+        ps = evaluate(spec.premise_proj.scale, dims)
+        softmax = spec.activation == "softmax"
+        out_stream = spec.typing.output
+        out_channels = tuple(sizes[c] for c in spec.channels("output"))
+        width = math.prod(out_channels)
+        slots.append(OperatorSlot(spec, segs["kernel"], segs["premise"], out_offsets[out_stream],
+                                  width, out_channels, ks if softmax else 1.0,
+                                  ps * (1.0 if softmax else ks)))
+        out_offsets[out_stream] += width
+    return slots, segments, out_offsets
+
+
+class FusedProjection(nn.Module):
+    """One Linear producing every segment a stream feeds; biases only where segments have one."""
+
+    def __init__(self, d_in: int, segments: list[Segment]):
+        super().__init__()
+        self.width = sum(s.width for s in segments)
+        self.weight = nn.Parameter(torch.empty(self.width, d_in))
+        biased = [i for s in segments if s.bias for i in range(s.start, s.start + s.width)]
+        self.full_bias = len(biased) == self.width
+        self.bias = nn.Parameter(torch.zeros(len(biased))) if biased else None
+        self.register_buffer("bias_index", torch.tensor(biased, dtype=torch.long),
+                             persistent=False)
+
+    def full(self) -> torch.Tensor | None:
+        """The bias over every output channel (zeros where a segment has none), or None."""
+        if self.bias is None or self.full_bias:
+            return self.bias
+        return self.bias.new_zeros(self.width).index_copy(0, self.bias_index, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.full())
+
+
+class FusedOutput(nn.Module):
+    """One Linear over the concatenated operator outputs, one bias per operator (summed), as the
+    released per-operator output Linears are."""
+
+    def __init__(self, d_in: int, d_out: int, num_ops: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        self.bias = nn.Parameter(torch.zeros(num_ops, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias.sum(0))

@@ -1,0 +1,119 @@
+"""What every backend shares: the call description it decides on, the operand it receives,
+and the kernel activation (masks, softmax over the R-dim, attention dropout).
+
+A backend declares what it supports and answers *why not* for a given call (the xformers
+dispatch habit): ``why_not(spec, call)`` returns None when the backend can run the call, else a
+reason; ``why_not_spec(spec, causal)`` says why it can never run an operator, whatever the
+tensors, so a forced backend fails when the operator is compiled. ``layout(op, role)`` says how
+the backend wants a projected kernel or premise handed over (channels last, channels first,
+or folded: the stream and the projection weight, never materialised), and ``run`` contracts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from folnet.ops import masks
+from folnet.ops.kernels import dropout
+from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+
+LAYOUTS = ("cl", "cf", "fold")  # channels last, channels first, folded into the contraction
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a backend needs to know to decide whether it can run an operator call."""
+
+    device: torch.device
+    dtype: torch.dtype
+    causal: bool
+    padded: bool
+    requires_grad: bool
+    rows: bool = False  # only some query rows of a longer token domain
+    materialise: bool = False  # the caller wants kernel and premise materialised (rpe*)
+
+
+@dataclass(frozen=True, eq=False)
+class Operand:
+    """A kernel or premise as a backend receives it: ``tensor`` laid out as ``letters`` (batch
+    first, implicit). Folded (``weight`` set): ``tensor`` is the normalised stream
+    (B, *tokens, D) -- ``letters`` its tokens and one input-channel letter -- and the operand is
+    ``tensor @ weight`` (+ ``bias``) with ``weight`` (*channels, D), ``bias`` (*channels)."""
+
+    tensor: torch.Tensor
+    letters: tuple[str, ...]
+    weight: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    @property
+    def folded(self) -> bool:
+        return self.weight is not None
+
+    def laid_out(self, idx: tuple[str, ...]) -> torch.Tensor:
+        """The materialised tensor permuted (a view) into the index order ``idx``."""
+        if self.letters == idx:
+            return self.tensor
+        return self.tensor.permute([0] + [1 + self.letters.index(c) for c in idx])
+
+    def sizes(self) -> dict[str, int]:
+        """The size of every letter it carries (the channels of a folded one included)."""
+        if not self.folded:
+            return dict(zip(self.letters, self.tensor.shape[1:], strict=True))
+        toks = [c for c in self.letters if c in TOKEN_LETTERS]
+        return dict(zip(toks, self.tensor.shape[1:-1], strict=True))
+
+
+class CompiledOperator(Protocol):
+    """What a backend reads of the compiled operator it runs (`folnet.ops.compiler`)."""
+
+    spec: OperatorSpec
+    dims: tuple[tuple[str, int], ...] | None  # the model dimensions, when compiled with them
+
+
+class Backend:
+    """A way of contracting an operator's kernel and premise."""
+
+    name = "?"
+
+    def why_not(self, spec: OperatorSpec, call: Call) -> str | None:
+        raise NotImplementedError
+
+    def why_not_spec(self, spec: OperatorSpec, causal: bool) -> str | None:
+        return None
+
+    def layout(self, op: CompiledOperator, role: str) -> str:
+        """How a projected ``role`` tensor is handed to `run`: one of `LAYOUTS`."""
+        return "cl"
+
+    def run(self, op: CompiledOperator, kernel: Operand, premise: Operand,
+            pad: torch.Tensor | None, *, order: masks.Visibility | None, dropout_p: float,
+            premasked: frozenset[str] = frozenset()) -> torch.Tensor:
+        """The operator's output laid out as ``op.spec.output`` (batch first)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name!r}>"
+
+
+def activate(spec: OperatorSpec, kernel: torch.Tensor, kidx: tuple[str, ...], *,
+             order: masks.Visibility | None, pad: torch.Tensor | None, dropout_p: float,
+             premasked: bool = False) -> torch.Tensor:
+    """Masks, the kernel activation over the R-dim and attention dropout, on a kernel laid out
+    as ``kidx`` (any order: the softmax runs over wherever the R-dim sits)."""
+    keep = masks.kernel_keep(spec, kidx, order=order, pad=pad, premasked=premasked)
+    if spec.activation == "softmax":
+        if keep is not None:
+            kernel = kernel.masked_fill(~keep, masks.fill_value(kernel.dtype))
+        kernel = torch.softmax(kernel, dim=1 + kidx.index(spec.rdim))
+    elif keep is not None:
+        kernel = kernel * keep
+    return dropout(kernel, dropout_p, True) if dropout_p > 0.0 else kernel
+
+
+def query_rows(order: masks.Visibility, ntok: int) -> int:
+    """How many query positions a call has: its rows, or the whole domain."""
+    return ntok if order.rows is None else int(order.rows.numel())
+

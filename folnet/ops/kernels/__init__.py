@@ -1,0 +1,9 @@
+"""Fast CPU kernels for the binary stream's hot path (dropout, the tall-and-thin products, the
+binary FFN), each with a plain-torch fallback on other devices and under torch.compile."""
+
+from folnet.ops.kernels.dropout import dropout, dropout_add, keep_mask
+from folnet.ops.kernels.ffn import binary_ffn
+from folnet.ops.kernels.linear import linear, segmented_linear, wgrad
+
+__all__ = ["binary_ffn", "dropout", "dropout_add", "keep_mask", "linear", "segmented_linear",
+           "wgrad"]

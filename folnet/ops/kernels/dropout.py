@@ -1,0 +1,85 @@
+"""Dropout for the binary stream's hot path: a cheaper keep mask on the CPU.
+
+``F.dropout`` draws one float per element through ``bernoulli_``; on a 2-core CPU that is ~50x
+the cost of an add, and the binary stream (B x T x T x D2) gets dropout twice per layer. Here the
+keep mask comes from 64-bit random words cut into four 15-bit lanes (one RNG call per four
+elements) compared against ``p * 2**15``; the mask is stored as bool (1 byte per element) for the
+backward pass. The draw uses torch's default generator, so seeding and RNG-state checkpoints
+cover it. On CUDA the native kernels are already fast and are used as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_LANES = 4  # 15-bit lanes per 64-bit random word
+_LEVELS = 1 << 15
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Tensor:
+    """A bool tensor of ``shape`` that is True with probability ``1 - p`` (quantised to 2^-15)."""
+    n = 1
+    for s in shape:
+        n *= s
+    words = torch.empty(-(-n // _LANES), dtype=torch.int64, device=device).random_()
+    lanes = words.view(torch.int16)[:n].bitwise_and(_LEVELS - 1)  # 15 random bits each
+    return (lanes >= round(p * _LEVELS)).view(shape)
+
+
+def masked_scale(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x * mask * scale`` in x's dtype; ``where`` + an in-place scale measured ~15% faster
+    than the two products (no float copy of the bool mask)."""
+    return torch.where(mask, x, 0.0).mul_(scale)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """``x * mask * scale`` saving only the bool mask."""
+
+    @staticmethod
+    def forward(ctx, x, mask, scale):
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return masked_scale(x, mask, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return masked_scale(grad, mask, ctx.scale), None, None
+
+
+class _DropoutAdd(torch.autograd.Function):
+    """``residual + dropout(x)`` in one pass, saving only the bool mask."""
+
+    @staticmethod
+    def forward(ctx, residual, x, mask, scale):
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        ctx.x_dtype = x.dtype
+        return torch.addcmul(residual, x, mask, value=scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        # in the update's dtype (bf16 under autocast) straight away, not via a float copy
+        return grad, masked_scale(grad, mask, ctx.scale).to(ctx.x_dtype), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout; the cheap mask on CPU, ``F.dropout`` elsewhere."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)
+    return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
+
+
+def dropout_add(residual: torch.Tensor, x: torch.Tensor, p: float,
+                training: bool) -> torch.Tensor:
+    """``residual + dropout(x)``: the residual update of every stage."""
+    if not training or p == 0.0:
+        return residual + x
+    if x.device.type != "cpu":
+        return residual + F.dropout(x, p, True)
+    mask = keep_mask(torch.broadcast_shapes(residual.shape, x.shape), p, x.device)
+    return _DropoutAdd.apply(residual, x, mask, 1.0 / (1.0 - p))
