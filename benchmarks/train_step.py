@@ -5,6 +5,7 @@
     python benchmarks/train_step.py --preset base --batch 8
     python benchmarks/train_step.py --breakdown          # + the GEMMs' time share and rate
     python benchmarks/train_step.py --compile off,on     # + torch.compile of the encoder
+    python benchmarks/train_step.py --against /tmp/before --rounds 3   # A/B against a checkout
 
 Default configuration (preset "small"): D1 256, D2 32, H 4, S 64, L 4, F1 1024, F2 128, vocab
 8192, delta 64, batch 8, T 128. For each operator string, precision (float32, bf16 autocast),
@@ -13,6 +14,10 @@ memory, FLOPs per step (torch.utils.flop_counter) and the achieved FLOP/s as a f
 large float32 matrix product measured in the same run (bf16 rows also against a bf16 product,
 the yardstick for GPUs). ``--impls baseline`` adds the
 straightforward per-operator implementation of benchmarks/baseline.py for comparison.
+``--against DIR`` measures this tree ("ours") against the folnet package of another checkout
+("before", e.g. ``git worktree add /tmp/before HEAD~1``): each configuration runs ``--rounds``
+times for each side, the sides alternating (and swapping who goes first) round by round, and
+the table gives each side's median step and the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +34,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline import BaselineFolnet
 from harness import (
     add_model_args,
     count_flops,
@@ -75,6 +80,8 @@ def build(impl: str, ops: str, args, backend: str):
     model = folnet.build_model(ops, preset=args.preset, head="pretraining",
                                vocab_size=args.vocab_size, backend=backend)
     if impl == "baseline":
+        from baseline import BaselineFolnet  # here: a "before" checkout need not run it
+
         return BaselineFolnet(model)
     model.gather_mlm = True  # as pretraining runs it
     model.relations = False
@@ -117,7 +124,7 @@ def run_case(case: dict) -> dict:
            "compile": "on" if case.get("compile") else "off", "T": args.seq_len, "B": args.batch,
            "step_s": seconds, "tokens_per_s": tokens / seconds, "gflop": flops / 1e9,
            "gflops": flops / seconds / 1e9, "peak_frac": flops / seconds / 1e9 / case["peak"],
-           "peak_mb": peak, "first_losses": losses}
+           "peak_mb": peak, "first_losses": losses, "folnet": str(Path(folnet.__file__).parent)}
     if case.get("breakdown"):
         # nearly all counted FLOPs are matrix products, so this is their achieved rate; it
         # bounds what removing every other operator could give
@@ -153,6 +160,10 @@ def main(argv=None) -> int:
                     help="off, on or off,on: torch.compile the encoder (the first warm-up step "
                          "compiles; ours only)")
     ap.add_argument("--impls", default="ours")
+    ap.add_argument("--against", default=None,
+                    help="a checkout of the code before (its folnet package is imported by the "
+                         "'before' cases): an A/B run, alternating")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of an --against run")
     ap.add_argument("--allocator", default="tuned", help="tuned, default or tuned,default")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
@@ -176,6 +187,9 @@ def main(argv=None) -> int:
     if size < 1:
         ap.error(f"--peak-size must be >= 1, got {size}")
     peak = matmul_peak_gflops(torch.float32, n=size, device=args.device)
+    if args.against is not None:
+        print(f"matrix-product peak on {args.device}: float32 {peak:.1f} GFLOP/s", flush=True)
+        return _ab(args, peak, size)
     bf16_peak = matmul_peak_gflops(torch.bfloat16, n=size, device=args.device)
     print(f"matrix-product peak on {args.device}: float32 {peak:.1f} GFLOP/s, bf16 "
           f"{bf16_peak:.1f}", flush=True)
@@ -239,10 +253,57 @@ def main(argv=None) -> int:
     return 0
 
 
-def _spawn(case: dict) -> dict:
-    """Run one case in a fresh interpreter so peak memory and allocator state are its own."""
+def _ab(args, peak: float, size: int) -> int:
+    """This tree against ``--against``, alternating; one row per side and configuration."""
+    before = Path(args.against).resolve()
+    if not (before / "folnet" / "__init__.py").is_file():
+        raise SystemExit(f"--against {str(before)!r} holds no folnet package")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    rows = []
+    for ops, dtype_name in itertools.product(args.ops.split(","), args.dtypes.split(",")):
+        steps: dict[str, list[dict]] = {"ours": [], "before": []}
+        for r in range(args.rounds):
+            for side in (("ours", "before") if r % 2 == 0 else ("before", "ours")):
+                case = {**vars(args), "impl": "ours", "ops": ops, "dtype": dtype_name,
+                        "backend": args.backends.split(",")[0], "ckpt": False,
+                        "allocator": "tuned", "compile": False, "peak": peak, "probe_n": size,
+                        "case": None, "paired_peak": False, "breakdown": False}
+                row = _spawn(case, pythonpath=str(before) if side == "before" else None)
+                steps[side].append(row)
+                print(f"  round {r + 1} {side:6s} {ops:8s} {dtype_name:7s} "
+                      f"{row['step_s']:.3f} s {row['peak_mb']:7.0f} MiB  ({row['folnet']})",
+                      flush=True)
+        ratios = [b["step_s"] / o["step_s"] for o, b in zip(steps["ours"], steps["before"],
+                                                             strict=True)]
+        for side, runs in steps.items():
+            rows.append({"side": side, "ops": ops, "dtype": dtype_name,
+                         "step_s": statistics.median(r["step_s"] for r in runs),
+                         "peak_mb": statistics.median(r["peak_mb"] for r in runs),
+                         "gflop": runs[0]["gflop"], "rounds": [r["step_s"] for r in runs],
+                         "before_over_ours": statistics.median(ratios)})
+    print()
+    print(f"ours = {Path(__file__).resolve().parent.parent}, before = {before}; batch "
+          f"{args.batch}, T {args.seq_len}, preset {args.preset}, {args.rounds} rounds "
+          f"alternating, each case in its own process")
+    print(table(rows, [("side", "side", ""), ("ops", "ops", ""), ("dtype", "dtype", ""),
+                       ("step_s", "median step s", ".3f"), ("peak_mb", "peak MiB", ".0f"),
+                       ("gflop", "GFLOP/step", ".1f"),
+                       ("before_over_ours", "before / ours (median of rounds)", ".3f")]))
+    write_json(args.json, {"machine": machine(), "args": vars(args), "against": str(before),
+                           "matmul_peak_gflops": peak, "rows": rows})
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _spawn(case: dict, pythonpath: str | None = None) -> dict:
+    """Run one case in a fresh interpreter so peak memory and allocator state are its own;
+    ``pythonpath`` puts another checkout's folnet first (an --against run's "before" side)."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("CASE "):
             return json.loads(line[5:])
