@@ -1,6 +1,6 @@
 """The same models on CUDA: outputs and gradients match the CPU, and auto dispatch takes the
-CUDA priority list (xformers or SDPA for the attention-shaped operators, the fused path for the
-rest). These need a GPU; on a machine without one they skip, saying so."""
+CUDA priority list (xformers or SDPA for the attention-shaped operators, einsum for the rest).
+These need a GPU; on a machine without one they skip, saying so."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_auto_takes_the_cuda_priority_list():
     chosen = {op.spec.symbol: op.select(call).name for op in layer.ops}
     attention = PRIORITY["cuda"][0] if chosen["j"] == "xformers" else "sdpa"
     assert chosen == {"j": attention, "m": attention, "c": attention, "t": attention,
-                      "a": "fused", "p": "fused"}
+                      "a": "einsum", "p": "einsum"}
 
 
 @pytest.mark.parametrize(("kind", "ops", "kw"), [
