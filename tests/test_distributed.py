@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.train.distributed import DistContext, GlobalBatchSampler, shard_slice
-from folnet.train.runlog import read_log
+from folnet.train.engine.distributed import DistContext, GlobalBatchSampler, shard_slice
+from folnet.train.engine.runlog import read_log
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
@@ -51,8 +51,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A fixed tokenizer and the single-process reference run (dropout 0)."""
-    from folnet.train.kinship import pretraining_documents
-    from folnet.train.tokenizer import train_tokenizer
+    from folnet.train.data.kinship.questions import pretraining_documents
+    from folnet.train.data.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("ddp")
     texts = [s for d in pretraining_documents(60, seed=0) for s in d]

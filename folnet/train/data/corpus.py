@@ -14,7 +14,7 @@ longer side, at a random end) to fit. Labels, stored as `nsp_labels` for both ob
 * SOP: A and B are always consecutive; 0 = original order, 1 = swapped; each with
   probability 1/2.
 
-The dataset holds no MLM masks: `folnet.train.masking.PretrainingCollator` draws a new mask
+The dataset holds no MLM masks: `folnet.train.data.masking.PretrainingCollator` draws a new mask
 each time an example is batched (dynamic masking).
 
 Why two caches: tokenising is the expensive step and depends only on the corpus and the
@@ -41,8 +41,7 @@ import numpy as np
 from torch.utils.data import Dataset, IterableDataset
 
 from folnet.errors import FolnetError, choices
-from folnet.train.corpus_pairs import Document, Example, _Layout, _pairs
-from folnet.train.documents import (
+from folnet.train.data.documents import (
     CorpusSource,
     iter_documents,
     read_documents,
@@ -50,7 +49,8 @@ from folnet.train.documents import (
     source_signature,
     split_sentences,
 )
-from folnet.train.tokenizer import FolnetTokenizer
+from folnet.train.data.pairs import Document, Example, _Layout, _pairs
+from folnet.train.data.tokenizer import FolnetTokenizer
 
 __all__ = [
     "OBJECTIVES",
@@ -314,7 +314,7 @@ def build_pretraining_dataset(
     config = config or PretrainDataConfig()
     parts = resolve_sources(source)  # raises on missing/empty/unknown paths before any work
     if config.streaming:
-        from folnet.train.corpus_stream import StreamingPretrainingDataset
+        from folnet.train.data.streaming import StreamingPretrainingDataset
 
         return StreamingPretrainingDataset(source, tokenizer, config)
     where = (

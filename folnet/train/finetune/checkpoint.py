@@ -17,7 +17,7 @@ from folnet.arch.checkpoint import ensure_operators, from_pretrained, read_metad
 from folnet.arch.config import ModelConfig
 from folnet.arch.model import FolnetModel
 from folnet.errors import FolnetError
-from folnet.train.tokenizer import FolnetTokenizer, load_tokenizer
+from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer
 
 __all__ = ["build_task_model", "check_vocabulary", "load_finetuned", "resolve_checkpoint",
            "save_finetuned", "task_tokenizer"]

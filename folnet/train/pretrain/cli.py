@@ -60,7 +60,7 @@ def given_options(args: argparse.Namespace, config_cls: type) -> dict[str, Any]:
 
 
 def _pretrain_configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.pretrain_config import PretrainConfig, flag
+    from folnet.train.pretrain.config import PretrainConfig, flag
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options (defaults: specs/train/pretrain.toml)")
@@ -75,8 +75,8 @@ def _pretrain_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _pretrain_run(args: argparse.Namespace) -> int:
-    from folnet.train.pretrain import pretrain
-    from folnet.train.pretrain_config import PretrainConfig, load_pretrain_config
+    from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
+    from folnet.train.pretrain.loop import pretrain
 
     overrides = given_options(args, PretrainConfig)
     if "model" in overrides:

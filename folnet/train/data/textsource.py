@@ -7,9 +7,9 @@ library, plus the language-reference topics behind `help()` (`pydoc_data.topics`
 the PSF licence. `write_english_corpus` collects them, one docstring per document, in a fixed
 order, so a given interpreter always produces the same file (about 1.4 MB on CPython 3.11).
 
-Output format (the `.txt` format that `folnet.train.corpus` reads): documents are separated by
+Output format (the `.txt` format that `folnet.train.data.corpus` reads): documents are separated by
 a blank line and each line holds one paragraph (wrapped docstring lines are joined), because a
-line break is treated as a sentence boundary by the corpus reader (`folnet.train.documents`).
+line break is treated as a sentence boundary by the corpus reader (`folnet.train.data.documents`).
 """
 
 from __future__ import annotations

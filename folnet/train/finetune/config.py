@@ -19,7 +19,7 @@ from typing import Any
 
 from folnet import _toml
 from folnet.errors import FolnetError, choices
-from folnet.train.pretrain_config import config_from_dict
+from folnet.train.pretrain.config import config_from_dict
 from folnet.train.tasks.base import TaskSpec
 
 __all__ = ["FinetuneConfig", "Hyper", "default_config_path", "flag", "load_finetune_config"]

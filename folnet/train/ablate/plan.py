@@ -124,7 +124,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     """Validate a plan mapping; ``overrides`` (from the command line) replace top-level keys
     (``data``, ``seeds``) and pretraining options (``preset``, ``steps``)."""
     from folnet.arch.config import preset as load_preset
-    from folnet.train.pretrain_config import PretrainConfig
+    from folnet.train.pretrain.config import PretrainConfig
 
     unknown = sorted(set(data) - set(PLAN_KEYS))
     if unknown:

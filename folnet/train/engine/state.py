@@ -7,7 +7,7 @@ walks back from the forward's outputs; were the relation output among them, thos
 would look used and DDP would wait for their gradients forever.
 
 `save_training_checkpoint` gathers what every rank holds (RNG states; under FSDP the parameter
-and optimiser shards) and lets rank 0 write it through `folnet.train.checkpoints`.
+and optimiser shards) and lets rank 0 write it through `folnet.train.engine.checkpoints`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from folnet.train import checkpoints as ckpt
-from folnet.train.distributed import DistContext, barrier
+from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine.distributed import DistContext, barrier
 
 __all__ = ["PretrainingForward", "publish_final", "restore_training_state",
            "save_training_checkpoint", "write_model_fn"]

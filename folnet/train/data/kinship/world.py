@@ -1,9 +1,9 @@
 """The family trees behind the kinship corpus: people, marriages, children and the relation rules.
 
-`folnet.train.kinship` turns these trees into pretraining text and into chain-reasoning examples;
-this module only knows about families. Labels are never computed by composing a table of
-relations along a chain: `relatives` reads them off the tree with one explicit rule per kind, so
-a chain of any length gets the label the family really has.
+The rest of `folnet.train.data.kinship` turns these trees into pretraining text and into
+chain-reasoning examples; this module only knows about families. Labels are never computed by
+composing a table of relations along a chain: `relatives` reads them off the tree with one
+explicit rule per kind, so a chain of any length gets the label the family really has.
 
 The world is deliberately simple, and the simplicity is what makes every chain answerable:
 marriages are monogamous and permanent, every child has exactly one father and one mother who

@@ -1,7 +1,7 @@
 """Streaming pretraining examples: corpora larger than memory, read document by document.
 
 Same pairing as the map-style `folnet.train.corpus.PretrainingDataset`, but documents are read
-lazily (`folnet.train.documents.iter_documents`), "other document" segments for NSP come from a
+lazily (`folnet.train.data.documents.iter_documents`), "other document" segments for NSP come from a
 window of nearby documents, and examples pass through a shuffle buffer. Nothing is cached.
 """
 
@@ -16,14 +16,14 @@ from pathlib import Path
 from torch.utils.data import IterableDataset, get_worker_info
 
 from folnet.errors import FolnetError
-from folnet.train.corpus import PretrainDataConfig, _tokenise
-from folnet.train.corpus_pairs import Document, Example, _Layout, _pairs
-from folnet.train.documents import (
+from folnet.train.data.corpus import PretrainDataConfig, _tokenise
+from folnet.train.data.documents import (
     CorpusSource,
     read_documents,
     resolve_sources,
 )
-from folnet.train.tokenizer import FolnetTokenizer
+from folnet.train.data.pairs import Document, Example, _Layout, _pairs
+from folnet.train.data.tokenizer import FolnetTokenizer
 
 __all__ = ["StreamingPretrainingDataset", "iter_pretraining_examples"]
 

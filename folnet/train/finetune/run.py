@@ -33,23 +33,23 @@ import torch
 from folnet.arch.checkpoint import read_metadata
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json
-from folnet.train.evaluate import (
-    SquadOptions,
-    evaluate_splits,
-    resolve_device,
-    write_eval_json,
-    write_predictions,
-)
-from folnet.train.finetune_checkpoint import (
+from folnet.train.finetune.checkpoint import (
     build_task_model,
     check_vocabulary,
     resolve_checkpoint,
     save_finetuned,
     task_tokenizer,
 )
-from folnet.train.finetune_config import FinetuneConfig, Hyper, load_finetune_config
-from folnet.train.finetune_data import TaskData, label_names, load_task_data, resolve_task
-from folnet.train.finetune_loop import (
+from folnet.train.finetune.config import FinetuneConfig, Hyper, load_finetune_config
+from folnet.train.finetune.data import TaskData, label_names, load_task_data, resolve_task
+from folnet.train.finetune.evaluate import (
+    SquadOptions,
+    evaluate_splits,
+    resolve_device,
+    write_eval_json,
+    write_predictions,
+)
+from folnet.train.finetune.loop import (
     FinetuneLogger,
     LoopSettings,
     batches,

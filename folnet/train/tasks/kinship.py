@@ -1,6 +1,6 @@
 """The generated kinship reasoning task as a finetuning task (CLUTRR-style, no files).
 
-Why a task of its own next to CLUTRR: the generator (`folnet.train.kinship`) needs no download,
+Why a task of its own next to CLUTRR: the generator (`folnet.train.data.kinship`) needs no download,
 so the systematic-generalisation experiment of the paper's Appendix C (train on chains of
 k = 2, 3 facts, test on k = 2 ... 10) runs anywhere and always on the same data. Each question
 becomes a sentence pair exactly as CLUTRR's do -- the story as segment A, the query ("How is X
@@ -17,7 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from folnet.errors import FolnetError
-from folnet.train.kinship import RELATIONS, KinshipExample, majority_baseline, systematic_split
+from folnet.train.data.kinship.questions import (
+    RELATIONS,
+    KinshipExample,
+    majority_baseline,
+    systematic_split,
+)
 from folnet.train.tasks.base import CLUTRR_DEFAULTS, Example, TaskSpec
 
 __all__ = ["KINSHIP_TASK", "kinship_examples", "kinship_metrics", "kinship_split"]

@@ -2,7 +2,7 @@
 
 `pretrain(config)` is what ``folnet pretrain`` (and ``torchrun ... -m folnet.cli pretrain``)
 runs. One optimiser step consumes ``batch_size`` sequences: ``grad_accum`` global
-micro-batches, each split evenly over the processes (see `folnet.train.distributed`).
+micro-batches, each split evenly over the processes (see `folnet.train.engine.distributed`).
 
 Why the loss is normalised by the *global* counts: the MLM loss of a step is the mean over
 every masked token of the whole global batch and the NSP/SOP loss the mean over its sequences.
@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from folnet.errors import FolnetError
 from folnet.runtime import tune_cpu_allocator
-from folnet.train import checkpoints as ckpt
-from folnet.train.amp import autocast, check_precision, make_grad_scaler
-from folnet.train.distributed import (
+from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
+from folnet.train.engine.distributed import (
     DistContext,
     GlobalBatchSampler,
     all_reduce_sum,
@@ -38,16 +38,16 @@ from folnet.train.distributed import (
     shutdown,
     wrap_model,
 )
-from folnet.train.optim import build_optimizer, build_scheduler
-from folnet.train.pretrain_config import PretrainConfig, load_pretrain_config
-from folnet.train.runlog import TrainLogger
-from folnet.train.trainstate import (
+from folnet.train.engine.optim import build_optimizer, build_scheduler
+from folnet.train.engine.runlog import TrainLogger
+from folnet.train.engine.state import (
     PretrainingForward,
     publish_final,
     restore_training_state,
     save_training_checkpoint,
     write_model_fn,
 )
+from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
 
 __all__ = ["PretrainConfig", "load_pretrain_config", "pretrain"]
 
@@ -88,8 +88,8 @@ def _resume_point(config: PretrainConfig, out: Path) -> Path | None:
 
 
 def _tokenizer(config: PretrainConfig, out: Path, resume: Path | None, ctx: DistContext):
-    from folnet.train.documents import iter_documents
-    from folnet.train.tokenizer import load_tokenizer, train_tokenizer
+    from folnet.train.data.documents import iter_documents
+    from folnet.train.data.tokenizer import load_tokenizer, train_tokenizer
 
     if resume is not None:
         return load_tokenizer(resume)
@@ -121,7 +121,7 @@ def _data_errors(build):
 
 
 def _dataset(config: PretrainConfig, tokenizer, out: Path, ctx: DistContext):
-    from folnet.train.corpus import PretrainDataConfig, build_pretraining_dataset
+    from folnet.train.data.corpus import PretrainDataConfig, build_pretraining_dataset
 
     data_config = PretrainDataConfig(
         seq_len=config.seq_len, objective=config.objective,
@@ -231,7 +231,7 @@ def _record(window: list[float], *, step: int, lr: float, grad_norm: float | Non
 def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     from folnet.arch.build import build_model
     from folnet.io import atomic_write_json
-    from folnet.train.masking import PretrainingCollator
+    from folnet.train.data.masking import PretrainingCollator
 
     check_precision(config.precision, ctx.device)
     torch.use_deterministic_algorithms(config.deterministic)
@@ -340,10 +340,3 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     finally:
         logger.close()
 
-
-if __name__ == "__main__":  # torchrun --nproc_per_node N -m folnet.train.pretrain --out DIR ...
-    import sys
-
-    from folnet.cli import main
-
-    sys.exit(main(["pretrain", *sys.argv[1:]]))

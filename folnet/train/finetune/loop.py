@@ -5,7 +5,7 @@
 ``start_positions``/``end_positions`` for QA): AdamW over `parameter_groups` (biases not
 decayed), linear warmup then linear decay, optional gradient clipping, optional autocast. It
 knows nothing about tasks, so the Python API can drive it with any batches (see
-`folnet.train.finetune_heads`).
+`folnet.train.finetune.heads`).
 
 Why batches are trimmed (`trim`): inputs are encoded to the task's full length (128 to 512),
 but FOLNet's binary stream costs T^2 and its ``t`` operator T^3, so cutting every batch to its
@@ -28,9 +28,9 @@ from torch import nn
 
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_text
-from folnet.train.amp import autocast, check_precision, make_grad_scaler
-from folnet.train.optim import build_optimizer, build_scheduler
-from folnet.train.runlog import TrainLogger, read_log
+from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
+from folnet.train.engine.optim import build_optimizer, build_scheduler
+from folnet.train.engine.runlog import TrainLogger, read_log
 
 __all__ = ["FinetuneLogger", "LoopSettings", "batches", "finetune_model", "predict", "trim"]
 

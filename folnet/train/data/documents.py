@@ -157,13 +157,14 @@ def source_signature(
 
 
 def _kinship_code_hash() -> str:
-    """Hash of the kinship generator's code (kinship*.py), so editing it invalidates caches."""
-    spec = importlib.util.find_spec("folnet.train.kinship")
+    """Hash of the kinship generator's code (its package's modules), so editing it invalidates
+    caches."""
+    spec = importlib.util.find_spec("folnet.train.data.kinship.questions")
     origin = getattr(spec, "origin", None)
     if not origin or not Path(origin).is_file():
         return "missing"
     digest = hashlib.sha256()
-    for file in sorted(Path(origin).parent.glob("kinship*.py")):
+    for file in sorted(Path(origin).parent.glob("*.py")):
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -262,9 +263,10 @@ def _read_saved(path: Path) -> Iterator[list[str]]:
 
 def _read_kinship(num_documents: int, seed: int) -> Iterator[list[str]]:
     try:
-        from folnet.train.kinship import pretraining_documents
+        from folnet.train.data.kinship.questions import pretraining_documents
     except ImportError as exc:
-        raise FolnetError(f"the {KINSHIP!r} corpus needs folnet.train.kinship: {exc}") from None
+        raise FolnetError(f"the {KINSHIP!r} corpus needs folnet.train.data.kinship: {exc}"
+                          ) from None
     for document in pretraining_documents(num_documents, seed=seed):
         sentences = [" ".join(str(s).split()) for s in document]
         sentences = [s for s in sentences if s]

@@ -19,7 +19,6 @@ import torch
 from tokenizers import Tokenizer
 
 from folnet.errors import FolnetError, choices
-from folnet.train.kinship_task import KINSHIP_TASK, kinship_examples, kinship_split
 from folnet.train.tasks import (
     TASKS,
     SquadExample,
@@ -31,6 +30,7 @@ from folnet.train.tasks import (
     get_task,
     read_split,
 )
+from folnet.train.tasks.kinship import KINSHIP_TASK, kinship_examples, kinship_split
 
 __all__ = ["EncodedSplit", "TaskData", "load_task_data", "resolve_task", "task_names"]
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from folnet.train.tokenizer import FolnetTokenizer
+from folnet.train.data.tokenizer import FolnetTokenizer
 
 if TYPE_CHECKING:
-    from folnet.train.corpus import PretrainDataConfig
+    from folnet.train.data.corpus import PretrainDataConfig
 
 
 Example = dict[str, torch.Tensor]

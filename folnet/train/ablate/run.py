@@ -29,8 +29,8 @@ from typing import Any
 
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json
-from folnet.train.ablate_plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
-from folnet.train.ablate_report import write_reports
+from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
+from folnet.train.ablate.report import write_reports
 
 
 def _task_slug(task: str) -> str:
@@ -38,7 +38,7 @@ def _task_slug(task: str) -> str:
 
 
 def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path, progress: bool):
-    from folnet.train.pretrain_config import load_pretrain_config
+    from folnet.train.pretrain.config import load_pretrain_config
 
     shared = dict(plan.pretrain)
     model = {**dict(shared.pop("model", {})), **row.model_overrides}
@@ -49,7 +49,7 @@ def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path, progre
 
 
 def _finetune_config(plan: AblationPlan, task: str, row_dir: Path, progress: bool):
-    from folnet.train.finetune_config import load_finetune_config
+    from folnet.train.finetune.config import load_finetune_config
 
     return load_finetune_config(None, {
         **dict(plan.finetune), "task": task, "data": dict(plan.task_data).get(task),
@@ -108,8 +108,8 @@ def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool =
     """Pretrain and finetune one row (resuming whatever is already done)."""
     from folnet.arch.checkpoint import read_metadata
     from folnet.arch.config import ModelConfig
-    from folnet.train.finetune import finetune
-    from folnet.train.pretrain import pretrain
+    from folnet.train.finetune.run import finetune
+    from folnet.train.pretrain.loop import pretrain
 
     row_dir = out / "rows" / row.slug
     done = row_dir / "result.json"

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from folnet.errors import FolnetError
-from folnet.train.kinship_world import (
+from folnet.train.data.kinship.world import (
     BASE_KINDS,
     FEMALE_NAMES,
     INVERSE,

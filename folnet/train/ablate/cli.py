@@ -1,4 +1,4 @@
-"""``folnet ablate PLAN``: the command line of `folnet.train.ablate`."""
+"""``folnet ablate PLAN``: the command line of `folnet.train.ablate.run`."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from folnet.errors import FolnetError
     from folnet.runtime import tune_cpu_allocator
-    from folnet.train.ablate import run_plan
-    from folnet.train.ablate_plan import load_plan
+    from folnet.train.ablate.plan import load_plan
+    from folnet.train.ablate.run import run_plan
 
     task_data = {}
     for item in args.task_data:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 
 from folnet.cli import register_command
-from folnet.train.cli import add_config_flags, given_options
+from folnet.train.pretrain.cli import add_config_flags, given_options
 
 
 def _finetune_configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.finetune_config import FinetuneConfig, flag
+    from folnet.train.finetune.config import FinetuneConfig, flag
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options (defaults: specs/train/finetune.toml)")
@@ -28,8 +28,8 @@ def _finetune_configure(p: argparse.ArgumentParser) -> None:
 
 def _finetune_run(args: argparse.Namespace) -> int:
     from folnet.runtime import tune_cpu_allocator
-    from folnet.train.finetune import finetune
-    from folnet.train.finetune_config import FinetuneConfig, load_finetune_config
+    from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
+    from folnet.train.finetune.run import finetune
 
     tune_cpu_allocator()
     config = load_finetune_config(args.config, given_options(args, FinetuneConfig))
@@ -64,7 +64,7 @@ def _evaluate_configure(p: argparse.ArgumentParser) -> None:
 def _evaluate_run(args: argparse.Namespace) -> int:
     from folnet.errors import FolnetError
     from folnet.runtime import tune_cpu_allocator
-    from folnet.train.evaluate import evaluate_checkpoint
+    from folnet.train.finetune.evaluate import evaluate_checkpoint
 
     tune_cpu_allocator()
     for name in ("batch_size", "max_eval_examples"):

@@ -23,11 +23,11 @@ from torch import nn
 
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json, atomic_write_text
-from folnet.train.finetune_data import EncodedSplit, TaskData
-from folnet.train.finetune_loop import batches, predict
-from folnet.train.kinship_task import kinship_metrics
-from folnet.train.metrics import compute_metrics, squad_evaluate
+from folnet.train.finetune.data import EncodedSplit, TaskData
+from folnet.train.finetune.loop import batches, predict
 from folnet.train.tasks import TaskSpec, postprocess_predictions
+from folnet.train.tasks.kinship import kinship_metrics
+from folnet.train.tasks.metrics import compute_metrics, squad_evaluate
 
 __all__ = ["SquadOptions", "evaluate_checkpoint", "evaluate_splits", "read_predictions",
            "resolve_device", "score_split", "write_predictions"]
@@ -176,10 +176,10 @@ def evaluate_checkpoint(model_dir: str | Path, out: str | Path, *, task: str | N
     generator's options are read from the model's config.json), with the model's own label
     set: a label outside it in the data is an error naming the file and line.
     """
-    from folnet.train.finetune import headline_split, load_run_data
-    from folnet.train.finetune_checkpoint import load_finetuned
-    from folnet.train.finetune_config import FinetuneConfig
-    from folnet.train.finetune_data import resolve_task
+    from folnet.train.finetune.checkpoint import load_finetuned
+    from folnet.train.finetune.config import FinetuneConfig
+    from folnet.train.finetune.data import resolve_task
+    from folnet.train.finetune.run import headline_split, load_run_data
 
     model, tok, meta = load_finetuned(model_dir, tokenizer)
     saved_task = meta.get("task")
