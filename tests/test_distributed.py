@@ -51,7 +51,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A fixed tokenizer and the single-process reference run (dropout 0)."""
-    from folnet.train.data.kinship.questions import pretraining_documents
+    from folnet.train.data.kinship import pretraining_documents
     from folnet.train.data.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("ddp")

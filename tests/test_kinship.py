@@ -11,7 +11,7 @@ from collections import Counter, deque
 import pytest
 
 from folnet.errors import FolnetError
-from folnet.train.data.kinship.questions import (
+from folnet.train.data.kinship import (
     FACT_TEMPLATES,
     MAX_K,
     KinshipExample,

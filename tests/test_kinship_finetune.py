@@ -22,7 +22,7 @@ import torch
 
 import folnet.train.finetune.cli  # noqa: F401  (registers the finetune/evaluate commands)
 from folnet.cli import main
-from folnet.train.data.kinship.questions import RELATIONS
+from folnet.train.data.kinship import RELATIONS
 from folnet.train.finetune.evaluate import read_predictions
 from folnet.train.tasks.kinship import kinship_metrics
 

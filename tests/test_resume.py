@@ -30,7 +30,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
 def kin_tokenizer(tmp_path_factory) -> str:
     """One tokenizer for every run: WordPiece training orders equal-count tokens by hash, so
     two trainings in two processes may number the vocabulary differently."""
-    from folnet.train.data.kinship.questions import pretraining_documents
+    from folnet.train.data.kinship import pretraining_documents
     from folnet.train.data.tokenizer import train_tokenizer
 
     texts = [s for d in pretraining_documents(60, seed=0) for s in d]

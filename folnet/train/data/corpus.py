@@ -30,115 +30,37 @@ import itertools
 import json
 import os
 import random
-import shutil
-import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset
 
-from folnet.errors import FolnetError, choices
+from folnet.errors import FolnetError
+from folnet.io import atomic_write_dir
+from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.documents import (
     CorpusSource,
-    iter_documents,
     read_documents,
     resolve_sources,
     source_signature,
-    split_sentences,
 )
-from folnet.train.data.pairs import Document, Example, _Layout, _pairs
+from folnet.train.data.pairs import (
+    Document,
+    Example,
+    ExampleLayout,
+    segment_pairs,
+    token_dtype,
+    tokenise_documents,
+)
+from folnet.train.data.streaming import StreamingPretrainingDataset
 from folnet.train.data.tokenizer import FolnetTokenizer
 
-__all__ = [
-    "OBJECTIVES",
-    "PretrainDataConfig",
-    "PretrainingDataset",
-    "build_pretraining_dataset",
-    "iter_documents",
-    "split_sentences",
-]
+__all__ = ["PretrainingDataset", "build_pretraining_dataset"]
 
-OBJECTIVES = ("nsp", "sop")
 _CACHE_FORMAT = 1  # bump when the on-disk layout or the pairing algorithm changes
-
-
-
-@dataclass(frozen=True)
-class PretrainDataConfig:
-    """How to turn a corpus into pretraining examples (and how to mask them later).
-
-    `mlm_probability` and `max_predictions` are read by the collator, not the dataset; they
-    are here so that one config describes the whole data side of a run.
-    """
-
-    seq_len: int = 128
-    objective: str = "nsp"
-    mlm_probability: float = 0.15
-    max_predictions: int = 20
-    short_seq_prob: float = 0.1
-    seed: int = 0
-    cache_dir: str | os.PathLike[str] | None = None
-    streaming: bool = False
-    kinship_documents: int = 2000
-
-    def __post_init__(self) -> None:
-        def integer(name: str, low: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise FolnetError(
-                    f"PretrainDataConfig.{name} must be an integer >= {low}, got {value!r}"
-                )
-
-        integer("seq_len", 8)
-        integer("max_predictions", 1)
-        integer("kinship_documents", 1)
-        integer("seed", 0)
-        if self.objective not in OBJECTIVES:
-            raise FolnetError(
-                f"PretrainDataConfig.objective must be {choices(OBJECTIVES)}, "
-                f"got {self.objective!r}"
-            )
-        p = self.mlm_probability
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
-            raise FolnetError(f"PretrainDataConfig.mlm_probability must lie in (0, 1), got {p!r}")
-        p = self.short_seq_prob
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-            raise FolnetError(f"PretrainDataConfig.short_seq_prob must lie in [0, 1), got {p!r}")
-        if not isinstance(self.streaming, bool):
-            raise FolnetError(
-                f"PretrainDataConfig.streaming must be a bool, got {self.streaming!r}"
-            )
-
-
-# -- tokenising --------------------------------------------------------------------------------
-
-
-def _tokenise(
-    documents: Iterable[list[str]], tokenizer: FolnetTokenizer, batch_documents: int = 256
-) -> Iterator[Document]:
-    """Documents of sentences -> documents of id arrays; empty sentences/documents dropped.
-    Sentences of `batch_documents` documents go to the Rust tokenizer in one call."""
-    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
-    batch: list[list[str]] = []
-
-    def flush() -> Iterator[Document]:
-        flat = [sentence for document in batch for sentence in document]
-        ids = iter(tokenizer.encode_batch(flat))
-        for document in batch:
-            arrays = [np.asarray(next(ids), dtype=dtype) for _ in document]
-            arrays = [a for a in arrays if len(a)]
-            if arrays:
-                yield arrays
-
-    for document in documents:
-        batch.append(document)
-        if len(batch) >= batch_documents:
-            yield from flush()
-            batch = []
-    yield from flush()
 
 
 def _progress(iterable: Iterable[Any], desc: str) -> Iterable[Any]:
@@ -168,19 +90,17 @@ def _load(directory: Path | None, names: tuple[str, ...]) -> dict[str, np.ndarra
 
 
 def _save(directory: Path | None, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-    """Write to a temporary sibling, then rename: readers never see half an entry."""
+    """Write the entry atomically: readers never see half of one, and an entry another process
+    finished first is kept."""
     if directory is None:
         return
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.parent / f".tmp-{directory.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    for name, array in arrays.items():
-        np.save(tmp / f"{name}.npy", array)
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
-    try:
-        os.replace(tmp, directory)
-    except OSError:  # another process finished the same entry first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def write(tmp: Path) -> None:
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", array)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+
+    atomic_write_dir(directory, write, replace=False)
 
 
 def _documents_from_arrays(corpus: dict[str, np.ndarray]) -> list[Document]:
@@ -231,7 +151,7 @@ class PretrainingDataset(Dataset):
         self.num_documents = num_documents
         self.tokens, self.offsets = arrays["tokens"], arrays["offsets"]
         self.len_a, self.labels = arrays["len_a"], arrays["labels"]
-        self._layout = _Layout(tokenizer, config.seq_len)
+        self._layout = ExampleLayout(tokenizer, config.seq_len)
 
     @property
     def from_cache(self) -> bool:
@@ -272,7 +192,7 @@ def _build_examples(
     for index, document in enumerate(documents):
         if len(document) < 2:
             continue
-        for a, b, label in _pairs(document, config, rng, other_for(index)):
+        for a, b, label in segment_pairs(document, config, rng, other_for(index)):
             pieces.extend((a, b))
             lengths.append(len(a) + len(b))
             len_a.append(len(a))
@@ -290,13 +210,12 @@ def _tokenised_corpus(
 ) -> dict[str, np.ndarray]:
     tokens, sentence_lengths, document_sizes = [], [], []
     documents = read_documents(parts, kinship_documents=config.kinship_documents, seed=config.seed)
-    for document in _progress(_tokenise(documents, tokenizer), "tokenising"):
+    for document in _progress(tokenise_documents(documents, tokenizer), "tokenising"):
         tokens.extend(document)
         sentence_lengths.extend(len(s) for s in document)
         document_sizes.append(len(document))
-    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
     return {
-        "tokens": np.concatenate(tokens) if tokens else np.zeros(0, dtype=dtype),
+        "tokens": np.concatenate(tokens) if tokens else np.zeros(0, dtype=token_dtype(tokenizer)),
         "sentences": np.concatenate([[0], np.cumsum(sentence_lengths, dtype=np.int64)]),
         "documents": np.concatenate([[0], np.cumsum(document_sizes, dtype=np.int64)]),
     }
@@ -314,8 +233,6 @@ def build_pretraining_dataset(
     config = config or PretrainDataConfig()
     parts = resolve_sources(source)  # raises on missing/empty/unknown paths before any work
     if config.streaming:
-        from folnet.train.data.streaming import StreamingPretrainingDataset
-
         return StreamingPretrainingDataset(source, tokenizer, config)
     where = (
         repr(str(source))

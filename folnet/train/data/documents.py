@@ -9,8 +9,6 @@ path); `iter_documents` streams documents lazily so corpora larger than memory w
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -18,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from folnet.errors import FolnetError, choices
+from folnet.train.data import kinship
 
 __all__ = [
     "KINSHIP",
@@ -157,14 +156,10 @@ def source_signature(
 
 
 def _kinship_code_hash() -> str:
-    """Hash of the kinship generator's code (its package's modules), so editing it invalidates
-    caches."""
-    spec = importlib.util.find_spec("folnet.train.data.kinship.questions")
-    origin = getattr(spec, "origin", None)
-    if not origin or not Path(origin).is_file():
-        return "missing"
+    """Hash of the kinship generator's code (the modules of its package), so editing it
+    invalidates caches."""
     digest = hashlib.sha256()
-    for file in sorted(Path(origin).parent.glob("*.py")):
+    for file in sorted(Path(kinship.__file__).parent.glob("*.py")):
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -262,12 +257,7 @@ def _read_saved(path: Path) -> Iterator[list[str]]:
 
 
 def _read_kinship(num_documents: int, seed: int) -> Iterator[list[str]]:
-    try:
-        from folnet.train.data.kinship.questions import pretraining_documents
-    except ImportError as exc:
-        raise FolnetError(f"the {KINSHIP!r} corpus needs folnet.train.data.kinship: {exc}"
-                          ) from None
-    for document in pretraining_documents(num_documents, seed=seed):
+    for document in kinship.pretraining_documents(num_documents, seed=seed):
         sentences = [" ".join(str(s).split()) for s in document]
         sentences = [s for s in sentences if s]
         if sentences:

@@ -1,26 +1,57 @@
-"""Segment pairs for NSP and SOP: `[CLS] A [SEP] B [SEP]` from runs of whole sentences.
+"""What the cached and the streaming pretraining datasets share: tokenised documents, segment
+pairs for NSP and SOP, and the padded layout of one example.
 
-NSP: B is the true continuation half of the time (label 0), otherwise a segment of another
-document (label 1). SOP: A and B are consecutive and swapped half of the time (label 1).
+Pairs are `[CLS] A [SEP] B [SEP]` from runs of whole sentences. NSP: B is the true continuation
+half of the time (label 0), otherwise a segment of another document (label 1). SOP: A and B are
+consecutive and swapped half of the time (label 1).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
+from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.tokenizer import FolnetTokenizer
 
-if TYPE_CHECKING:
-    from folnet.train.data.corpus import PretrainDataConfig
-
+__all__ = ["Document", "Example", "ExampleLayout", "segment_pairs", "token_dtype",
+           "tokenise_documents"]
 
 Example = dict[str, torch.Tensor]
 Document = list[np.ndarray]  # one int array of token ids per sentence
+
+
+def token_dtype(tokenizer: FolnetTokenizer) -> type:
+    """The narrowest integer type that holds every id (uint16 for vocabularies up to 65536)."""
+    return np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+
+
+def tokenise_documents(
+    documents: Iterable[list[str]], tokenizer: FolnetTokenizer, batch_documents: int = 256
+) -> Iterator[Document]:
+    """Documents of sentences -> documents of id arrays; empty sentences/documents dropped.
+    Sentences of `batch_documents` documents go to the Rust tokenizer in one call."""
+    dtype = token_dtype(tokenizer)
+    batch: list[list[str]] = []
+
+    def flush() -> Iterator[Document]:
+        flat = [sentence for document in batch for sentence in document]
+        ids = iter(tokenizer.encode_batch(flat))
+        for document in batch:
+            arrays = [np.asarray(next(ids), dtype=dtype) for _ in document]
+            arrays = [a for a in arrays if len(a)]
+            if arrays:
+                yield arrays
+
+    for document in documents:
+        batch.append(document)
+        if len(batch) >= batch_documents:
+            yield from flush()
+            batch = []
+    yield from flush()
 
 
 # -- pairing -----------------------------------------------------------------------------------
@@ -58,7 +89,7 @@ def _truncate(
     return cut(a, cut_a), cut(b, cut_b)
 
 
-def _pairs(
+def segment_pairs(
     document: Document,
     config: PretrainDataConfig,
     rng: random.Random,
@@ -94,8 +125,9 @@ def _pairs(
         i += 1
 
 
-class _Layout:
-    """Turns (A, B, label) into the padded tensors of one example."""
+class ExampleLayout:
+    """Turns (A, B, label) into the padded tensors of one example (see `folnet.train.data.corpus`
+    for the layout)."""
 
     def __init__(self, tokenizer: FolnetTokenizer, seq_len: int) -> None:
         self.cls, self.sep, self.pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
@@ -117,5 +149,3 @@ class _Layout:
             "attention_mask": torch.from_numpy(self.positions < used),  # [T] bool
             "nsp_labels": torch.tensor(label, dtype=torch.long),
         }
-
-

@@ -16,13 +16,15 @@ from pathlib import Path
 from torch.utils.data import IterableDataset, get_worker_info
 
 from folnet.errors import FolnetError
-from folnet.train.data.corpus import PretrainDataConfig, _tokenise
-from folnet.train.data.documents import (
-    CorpusSource,
-    read_documents,
-    resolve_sources,
+from folnet.train.data.config import PretrainDataConfig
+from folnet.train.data.documents import CorpusSource, read_documents, resolve_sources
+from folnet.train.data.pairs import (
+    Document,
+    Example,
+    ExampleLayout,
+    segment_pairs,
+    tokenise_documents,
 )
-from folnet.train.data.pairs import Document, Example, _Layout, _pairs
 from folnet.train.data.tokenizer import FolnetTokenizer
 
 __all__ = ["StreamingPretrainingDataset", "iter_pretraining_examples"]
@@ -71,10 +73,10 @@ def _stream(
     where: str,
 ) -> Iterator[Example]:
     rng = random.Random(f"folnet-stream-{config.seed}-{epoch}-{shard[0]}-{shard[1]}")
-    layout = _Layout(tokenizer, config.seq_len)
+    layout = ExampleLayout(tokenizer, config.seq_len)
     documents = read_documents(parts, kinship_documents=config.kinship_documents, seed=config.seed)
     mine = (d for i, d in enumerate(documents) if i % shard[1] == shard[0])
-    tokenised = _tokenise(mine, tokenizer)
+    tokenised = tokenise_documents(mine, tokenizer)
     ahead: deque[Document] = deque()
     behind: deque[Document] = deque(maxlen=window // 2)
 
@@ -98,7 +100,7 @@ def _stream(
     for current in in_order():
         seen += 1
         if len(current) >= 2:
-            for a, b, label in _pairs(current, config, rng, other):
+            for a, b, label in segment_pairs(current, config, rng, other):
                 produced += 1
                 yield from _through_buffer(buffer, buffer_size, layout(a, b, label), rng)
         behind.append(current)

@@ -121,7 +121,8 @@ def _data_errors(build):
 
 
 def _dataset(config: PretrainConfig, tokenizer, out: Path, ctx: DistContext):
-    from folnet.train.data.corpus import PretrainDataConfig, build_pretraining_dataset
+    from folnet.train.data.config import PretrainDataConfig
+    from folnet.train.data.corpus import build_pretraining_dataset
 
     data_config = PretrainDataConfig(
         seq_len=config.seq_len, objective=config.objective,

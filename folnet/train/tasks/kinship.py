@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from folnet.errors import FolnetError
-from folnet.train.data.kinship.questions import (
+from folnet.train.data.kinship import (
     RELATIONS,
     KinshipExample,
     majority_baseline,
