@@ -12,18 +12,16 @@ from __future__ import annotations
 import argparse
 
 from folnet.cli import register_command
-from folnet.train.pretrain.cli import add_config_flags, given_options
+from folnet.train.engine.amp import PRECISIONS
+from folnet.train.options import add_flags, given_flags
 
 
 def _finetune_configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.finetune.config import FinetuneConfig, flag
+    from folnet.train.finetune.config import FinetuneConfig
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options (defaults: specs/train/finetune.toml)")
-    add_config_flags(p, FinetuneConfig, flag, {
-        "checkpoint": lambda q, text: q.add_argument(
-            "--from", dest="checkpoint", metavar="CHECKPOINT", default=None, help=text),
-    })
+    add_flags(p, FinetuneConfig)
 
 
 def _finetune_run(args: argparse.Namespace) -> int:
@@ -32,7 +30,7 @@ def _finetune_run(args: argparse.Namespace) -> int:
     from folnet.train.finetune.run import finetune
 
     tune_cpu_allocator()
-    config = load_finetune_config(args.config, given_options(args, FinetuneConfig))
+    config = load_finetune_config(args.config, given_flags(args, FinetuneConfig))
     payload = finetune(config)
     metrics = payload["metrics"][payload["headline_split"]]
     shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "_k" not in k)
@@ -55,7 +53,7 @@ def _evaluate_configure(p: argparse.ArgumentParser) -> None:
                    help="splits to score (default: the task's evaluation splits)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.add_argument("--tokenizer", default=None, help="tokenizer to use instead of the model's")
     p.add_argument("--max-eval-examples", type=int, default=None, metavar="N",
                    help="score only the first N examples of each split")

@@ -10,32 +10,54 @@ defaults, ``specs/train/finetune.toml`` (kept equal to the dataclass defaults by
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from folnet import _toml
-from folnet.errors import FolnetError, choices
-from folnet.train.pretrain.config import config_from_dict
+from folnet.errors import FolnetError
+from folnet.train.data.kinship import MAX_K, MIN_K, TEST_K, TRAIN_K
+from folnet.train.engine.amp import PRECISIONS
+from folnet.train.engine.optim import SCHEDULES
+from folnet.train.options import Options, load_layered, option
 from folnet.train.tasks.base import TaskSpec
 
-__all__ = ["FinetuneConfig", "Hyper", "default_config_path", "flag", "load_finetune_config"]
+__all__ = ["FinetuneConfig", "Hyper", "default_config_path", "load_finetune_config", "parse_ks"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 KEEP = ("last", "best")
-SCHEDULES = ("linear", "constant")
+# Finetuning decays linearly (the paper's) or not at all; it has no --power for the polynomial.
+FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "polynomial")
 
 
-def _opt(default: Any, help_text: str) -> Any:
-    return field(default=default, metadata={"help": help_text})
+def parse_ks(value: Any) -> tuple[int, ...]:
+    """Chain lengths from ``"2,3"``, ``"2-10"`` or a sequence of integers."""
+    if isinstance(value, str):
+        out: list[int] = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            lo, sep, hi = part.partition("-")
+            try:
+                out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+            except ValueError:
+                raise FolnetError(f"chain lengths {value!r}: {part!r} is not N or N-M") from None
+        return tuple(out)
+    if isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    raise FolnetError(f"chain lengths must be like '2,3' or '2-10', got {value!r}")
 
 
-def flag(name: str) -> str:
-    """The command-line flag of a config field."""
-    return "--from" if name == "checkpoint" else "--" + name.replace("_", "-")
+def _chain_lengths(flag: str, value: Any) -> tuple[int, ...]:
+    """A ``--kinship-*-k`` value: distinct chain lengths the generator supports."""
+    try:
+        ks = parse_ks(value)
+    except FolnetError as exc:
+        raise FolnetError(f"{flag}: {exc}") from None
+    if not ks or any(not MIN_K <= k <= MAX_K for k in ks) or len(set(ks)) != len(ks):
+        raise FolnetError(f"{flag} must list distinct chain lengths in {MIN_K}..{MAX_K}, "
+                          f"got {','.join(map(str, ks)) or '(none)'}")
+    return ks
 
 
 @dataclass(frozen=True)
@@ -55,93 +77,79 @@ class Hyper:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(Options):
     """All options of a finetuning run (see the module docstring for precedence)."""
 
-    task: str | None = _opt(None, "glue/<task>, squad2, folio, clutrr or kinship")
-    data: str | None = _opt(None, "the task's data directory ('kinship' or none for kinship)")
-    checkpoint: str | None = _opt(None, "pretrained run directory (uses final/) or checkpoint")
-    out: str | None = _opt(None, "output directory: eval.json, predictions, model, logs")
-    tokenizer: str | None = _opt(None, "tokenizer to use instead of the checkpoint's own")
-    seeds: int = _opt(1, "runs with seeds seed, seed+1, ...; the headline is their median")
-    seed: int = _opt(0, "first seed (initialisation of the new head, dropout, data order)")
-    epochs: int | None = _opt(None, "training epochs (default: the task's, paper Table 7)")
-    max_steps: int | None = _opt(None, "stop after this many optimiser steps (overrides epochs)")
-    lr: float | None = _opt(None, "peak learning rate (default: the task's)")
-    batch_size: int | None = _opt(None, "training batch size (default: the task's)")
-    warmup_ratio: float | None = _opt(None, "share of the steps spent warming up (default 0.06)")
-    schedule: str = _opt("linear", "after warmup: 'linear' decay to 0 (the paper's) or "
-                                   "'constant'")
-    weight_decay: float | None = _opt(None, "AdamW weight decay, biases excluded (default 0.01)")
-    adam_eps: float | None = _opt(None, "AdamW epsilon (default 1e-6)")
-    beta1: float | None = _opt(None, "AdamW first-moment decay (default 0.9)")
-    beta2: float | None = _opt(None, "AdamW second-moment decay (default 0.999)")
-    dropout: float | None = _opt(None, "dropout of encoder and head (default 0.1)")
-    clip_norm: float = _opt(0.0, "clip the global gradient norm to this (0: off, as the paper)")
-    max_len: int | None = _opt(None, "tokens per input (default: the task's sequence length)")
-    doc_stride: int | None = _opt(None, "SQuAD: step between context windows (default 128)")
-    max_query_len: int = _opt(64, "SQuAD: question tokens kept")
-    max_answer_len: int = _opt(30, "SQuAD: longest answer span in tokens")
-    n_best: int = _opt(20, "SQuAD: start/end candidates per window")
-    null_threshold: float = _opt(0.0, "SQuAD: answer 'no answer' when null beats the best span "
-                                      "by more than this")
-    eval_batch_size: int = _opt(64, "batch size for evaluation")
-    group_by_length: bool = _opt(False, "batch training rows of similar length (less padding, "
-                                        "faster on CPU)")
-    eval_every_epoch: bool = _opt(False, "also evaluate (and log) after every epoch")
-    keep: str = _opt("last", "model kept per seed: 'last' or 'best' (per-epoch validation)")
-    keep_seed_models: bool = _opt(False, "keep every seed's model, not only the median seed's")
-    overwrite: bool = _opt(False, "replace a finished run already in --out")
-    max_train_examples: int | None = _opt(None, "use only the first N training examples")
-    max_eval_examples: int | None = _opt(None, "use only the first N examples of each eval split")
-    kinship_train_size: int = _opt(2000, "kinship: training questions")
-    kinship_test_per_k: int = _opt(100, "kinship: test questions per chain length")
-    kinship_train_k: tuple[int, ...] = _opt((2, 3), "kinship: chain lengths to train on")
-    kinship_test_k: tuple[int, ...] = _opt(tuple(range(2, 11)), "kinship: chain lengths tested")
-    kinship_distractors: int = _opt(0, "kinship: irrelevant facts added to every story")
-    data_seed: int = _opt(0, "kinship: seed of the generated split (same for every run seed)")
-    precision: str = _opt("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
-    device: str = _opt("auto", "auto, cpu, cuda or cuda:N")
-    log_every: int = _opt(10, "log every N steps")
-    progress: bool = _opt(True, "show a progress bar")
-    tensorboard: bool = _opt(True, "also log to TensorBoard when it is installed")
+    task: str | None = option(None, "glue/<task>, squad2, folio, clutrr or kinship")
+    data: str | None = option(None, "the task's data directory ('kinship' or none for kinship)")
+    checkpoint: str | None = option(None, "pretrained run directory (uses final/) or checkpoint",
+                                    flag="--from", metavar="CHECKPOINT")
+    out: str | None = option(None, "output directory: eval.json, predictions, model, logs")
+    tokenizer: str | None = option(None, "tokenizer to use instead of the checkpoint's own")
+    seeds: int = option(1, "runs with seeds seed, seed+1, ...; the headline is their median")
+    seed: int = option(0, "first seed (initialisation of the new head, dropout, data order)")
+    epochs: int | None = option(None, "training epochs (default: the task's, paper Table 7)")
+    max_steps: int | None = option(None, "stop after this many optimiser steps (overrides "
+                                         "epochs)")
+    lr: float | None = option(None, "peak learning rate (default: the task's)")
+    batch_size: int | None = option(None, "training batch size (default: the task's)")
+    warmup_ratio: float | None = option(None, "share of the steps spent warming up (default "
+                                              "0.06)")
+    schedule: str = option("linear", "after warmup: 'linear' decay to 0 (the paper's) or "
+                                     "'constant'")
+    weight_decay: float | None = option(None, "AdamW weight decay, biases excluded (default "
+                                              "0.01)")
+    adam_eps: float | None = option(None, "AdamW epsilon (default 1e-6)")
+    beta1: float | None = option(None, "AdamW first-moment decay (default 0.9)")
+    beta2: float | None = option(None, "AdamW second-moment decay (default 0.999)")
+    dropout: float | None = option(None, "dropout of encoder and head (default 0.1)")
+    clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off, as the paper)")
+    max_len: int | None = option(None, "tokens per input (default: the task's sequence length)")
+    doc_stride: int | None = option(None, "SQuAD: step between context windows (default 128)")
+    max_query_len: int = option(64, "SQuAD: question tokens kept")
+    max_answer_len: int = option(30, "SQuAD: longest answer span in tokens")
+    n_best: int = option(20, "SQuAD: start/end candidates per window")
+    null_threshold: float = option(0.0, "SQuAD: answer 'no answer' when null beats the best "
+                                        "span by more than this")
+    eval_batch_size: int = option(64, "batch size for evaluation")
+    group_by_length: bool = option(False, "batch training rows of similar length (less "
+                                          "padding, faster on CPU)")
+    eval_every_epoch: bool = option(False, "also evaluate (and log) after every epoch")
+    keep: str = option("last", "model kept per seed: 'last' or 'best' (per-epoch validation)")
+    keep_seed_models: bool = option(False, "keep every seed's model, not only the median "
+                                           "seed's")
+    overwrite: bool = option(False, "replace a finished run already in --out")
+    max_train_examples: int | None = option(None, "use only the first N training examples")
+    max_eval_examples: int | None = option(None, "use only the first N examples of each eval "
+                                                 "split")
+    kinship_train_size: int = option(2000, "kinship: training questions")
+    kinship_test_per_k: int = option(100, "kinship: test questions per chain length")
+    kinship_train_k: tuple[int, ...] = option(TRAIN_K, "kinship: chain lengths to train on",
+                                              parse=_chain_lengths, metavar="K,K-K")
+    kinship_test_k: tuple[int, ...] = option(TEST_K, "kinship: chain lengths tested",
+                                             parse=_chain_lengths, metavar="K,K-K")
+    kinship_distractors: int = option(0, "kinship: irrelevant facts added to every story")
+    data_seed: int = option(0, "kinship: seed of the generated split (same for every run seed)")
+    precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    log_every: int = option(10, "log every N steps")
+    progress: bool = option(True, "show a progress bar")
+    tensorboard: bool = option(True, "also log to TensorBoard when it is installed")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            value = _check_type(f.name, value, str(f.type))
-            object.__setattr__(self, f.name, value)
-        for name, low in (("seeds", 1), ("seed", 0), ("epochs", 1), ("max_steps", 1),
-                          ("batch_size", 1), ("max_len", 8), ("doc_stride", 1),
-                          ("max_query_len", 1), ("max_answer_len", 1), ("n_best", 1),
-                          ("eval_batch_size", 1), ("log_every", 1), ("max_train_examples", 1),
-                          ("max_eval_examples", 1), ("kinship_train_size", 1),
-                          ("kinship_test_per_k", 1), ("kinship_distractors", 0),
-                          ("data_seed", 0)):
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise FolnetError(f"{flag(name)} must be >= {low}, got {value}")
-        for name, allowed in (("precision", PRECISIONS), ("keep", KEEP),
-                              ("schedule", SCHEDULES)):
-            if getattr(self, name) not in allowed:
-                raise FolnetError(f"{flag(name)} {getattr(self, name)!r} is unknown; use "
-                                  f"{choices(allowed)}")
-        for name, lo, hi, open_hi in (("warmup_ratio", 0.0, 1.0, False),
-                                      ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True),
-                                      ("dropout", 0.0, 1.0, True)):
-            value = getattr(self, name)
-            if value is not None and not (lo <= value < hi if open_hi else lo <= value <= hi):
-                raise FolnetError(f"{flag(name)} must lie in [{lo}, {hi}{')' if open_hi else ']'}"
-                                  f", got {value}")
-        for name in ("lr", "weight_decay", "adam_eps", "clip_norm"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0.0:
-                raise FolnetError(f"{flag(name)} must be >= 0, got {value}")
-        for name in ("kinship_train_k", "kinship_test_k"):
-            ks = getattr(self, name)
-            if not ks or any(not 2 <= k <= 10 for k in ks) or len(set(ks)) != len(ks):
-                raise FolnetError(f"{flag(name)} must list distinct chain lengths in 2..10, "
-                                  f"got {','.join(map(str, ks)) or '(none)'}")
+        self.check_types()
+        self.check_at_least((("seeds", 1), ("seed", 0), ("epochs", 1), ("max_steps", 1),
+                             ("batch_size", 1), ("max_len", 8), ("doc_stride", 1),
+                             ("max_query_len", 1), ("max_answer_len", 1), ("n_best", 1),
+                             ("eval_batch_size", 1), ("log_every", 1),
+                             ("max_train_examples", 1), ("max_eval_examples", 1),
+                             ("kinship_train_size", 1), ("kinship_test_per_k", 1),
+                             ("kinship_distractors", 0), ("data_seed", 0)))
+        self.check_choices((("precision", PRECISIONS), ("keep", KEEP),
+                            ("schedule", FINETUNE_SCHEDULES)))
+        self.check_within((("warmup_ratio", 0.0, 1.0, False), ("beta1", 0.0, 1.0, True),
+                           ("beta2", 0.0, 1.0, True), ("dropout", 0.0, 1.0, True)))
+        self.check_non_negative(("lr", "weight_decay", "adam_eps", "clip_norm"))
 
     def hyper(self, task: TaskSpec) -> Hyper:
         """This run's settings for ``task``: the flags given, else the task's Table 7 values."""
@@ -165,59 +173,6 @@ class FinetuneConfig:
     def seed_list(self) -> list[int]:
         return list(range(self.seed, self.seed + self.seeds))
 
-    def replace(self, **changes: Any) -> FinetuneConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in ("kinship_train_k", "kinship_test_k"):
-            data[name] = list(data[name])
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> FinetuneConfig:
-        return config_from_dict(cls, data, source)
-
-
-_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def parse_ks(value: Any) -> tuple[int, ...]:
-    """Chain lengths from ``"2,3"``, ``"2-10"`` or a sequence of integers."""
-    if isinstance(value, str):
-        out: list[int] = []
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            lo, sep, hi = part.partition("-")
-            try:
-                out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-            except ValueError:
-                raise FolnetError(f"chain lengths {value!r}: {part!r} is not N or N-M") from None
-        return tuple(out)
-    if isinstance(value, (list, tuple)) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    raise FolnetError(f"chain lengths must be like '2,3' or '2-10', got {value!r}")
-
-
-def _check_type(name: str, value: Any, annotation: str) -> Any:
-    """The value, checked against the field's annotation (ints widen to floats)."""
-    if annotation.startswith("tuple"):
-        try:
-            return parse_ks(value)
-        except FolnetError as exc:
-            raise FolnetError(f"{flag(name)}: {exc}") from None
-    optional = annotation.endswith("| None")
-    base = annotation.removesuffix(" | None")
-    if value is None:
-        if optional:
-            return None
-        raise FolnetError(f"{flag(name)} must be set, got None")
-    allowed: tuple[type, ...] = {"str": (str,), "int": (int,), "float": (float, int),
-                                 "bool": (bool,)}[base]
-    if not isinstance(value, allowed) or (isinstance(value, bool) and base != "bool"):
-        raise FolnetError(f"{flag(name)} must be {_KINDS[base]}, got {value!r}")
-    return float(value) if base == "float" else value
-
 
 def default_config_path() -> Path:
     return _toml.specs_dir() / "train" / "finetune.toml"
@@ -226,19 +181,4 @@ def default_config_path() -> Path:
 def load_finetune_config(path: str | os.PathLike[str] | None = None,
                          overrides: Mapping[str, Any] | None = None) -> FinetuneConfig:
     """Defaults file, then `path` (a TOML file of flat options), then `overrides`."""
-    merged: dict[str, Any] = dict(_toml.load(default_config_path()))
-    layers: list[tuple[str, Mapping[str, Any]]] = [(str(default_config_path()), merged)]
-    if path is not None:
-        if not Path(path).is_file():
-            raise FolnetError(f"--config {str(path)!r} does not exist")
-        layers.append((str(path), _toml.load(path)))
-    if overrides:
-        layers.append(("command line", dict(overrides)))
-    combined: dict[str, Any] = {}
-    for source, layer in layers:
-        tables = [k for k, v in layer.items() if isinstance(v, Mapping)]
-        if tables:
-            raise FolnetError(f"{source}: tables are not allowed ({tables}); options are flat")
-        combined.update(layer)
-        FinetuneConfig.from_dict(combined, source=source)  # unknown keys name their source
-    return FinetuneConfig.from_dict(combined)
+    return load_layered(FinetuneConfig, default_config_path(), path, overrides)

@@ -13,22 +13,22 @@ of the machine, and a run resumed on a different number of processes keeps its m
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from folnet import _toml
 from folnet.errors import FolnetError, choices
+from folnet.train.data.config import OBJECTIVES
+from folnet.train.engine.amp import PRECISIONS
+from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
+from folnet.train.options import Options, load_layered, option
 
-__all__ = ["RESUME_FREE", "PretrainConfig", "default_config_path", "flag", "load_pretrain_config"]
+__all__ = ["MODEL_KEYS", "RESUME_FREE", "PretrainConfig", "default_config_path",
+           "load_pretrain_config"]
 
-OBJECTIVES = ("nsp", "sop")
-OPTIMIZERS = ("lamb", "adamw")
-SCHEDULES = ("linear", "polynomial", "constant")
-PRECISIONS = ("fp32", "bf16", "fp16")
 # Model fields a user may override; vocab_size always comes from the tokenizer.
 MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_vocab_size",
               "dropout", "attention_dropout", "backend", "max_positions", "layer_norm_eps",
@@ -39,107 +39,77 @@ RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "de
                          "num_workers", "fsdp", "tensorboard", "progress"})
 
 
-def _opt(default: Any, help_text: str) -> Any:
-    return field(default=default, metadata={"help": help_text})
-
-
-def config_from_dict(cls: type, data: Mapping[str, Any], source: str) -> Any:
-    """``cls(**data)`` for a config dataclass, unknown keys named with their ``source``."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise FolnetError(f"{source}: unknown option(s) {unknown}; known: {sorted(known)}")
-    return cls(**dict(data))
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a config field."""
-    return "--" + name.replace("_", "-")
+def _model_overrides(flag: str, value: Any) -> tuple[tuple[str, Any], ...]:
+    """The ``[model]`` table (or ``--model`` pairs) as sorted (key, value) pairs, keys checked."""
+    pairs = tuple(sorted(value.items())) if isinstance(value, Mapping) else tuple(value)
+    for key, _value in pairs:
+        if key not in MODEL_KEYS:
+            raise FolnetError(f"{flag} {key}=...: unknown model field {key!r}; use "
+                              f"{choices(MODEL_KEYS)} (vocab_size comes from the tokenizer)")
+    return pairs
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class PretrainConfig(Options):
     """All options of a pretraining run (see the module docstring for precedence)."""
 
-    ops: str = _opt("jmc.atp", "operator string of the architecture")
-    preset: str = _opt("base", "model size preset: tiny, small, base or large")
-    model: tuple[tuple[str, Any], ...] = _opt((), "model overrides KEY=VALUE (D1, D2, L, ...)")
-    data: str = _opt("kinship", "corpus: a file, a directory, a saved dataset, or 'kinship'")
-    kinship_documents: int = _opt(2000, "documents of the generated kinship corpus")
-    streaming: bool = _opt(False, "stream the corpus instead of tokenising it up front")
-    cache_dir: str | None = _opt(None, "tokenised-data cache (default OUT/cache)")
-    tokenizer: str | None = _opt(None, "tokenizer.json, vocab.txt or a directory; default: "
-                                       "train one on the corpus")
-    vocab_size: int = _opt(32768, "vocabulary size when training the tokenizer")
-    seq_len: int = _opt(128, "tokens per sequence")
-    objective: str = _opt("nsp", "sentence-pair objective: nsp or sop")
-    mlm_probability: float = _opt(0.15, "share of tokens chosen for MLM")
-    max_predictions: int = _opt(20, "at most this many MLM targets per sequence")
-    batch_size: int = _opt(256, "global batch: sequences per optimiser step, all processes")
-    grad_accum: int = _opt(1, "micro-batches accumulated per optimiser step")
-    steps: int = _opt(8000, "optimiser steps")
-    lr: float = _opt(1e-3, "peak learning rate")
-    warmup_ratio: float = _opt(0.01, "share of the steps spent warming up")
-    schedule: str = _opt("linear", "decay after warmup: linear, polynomial or constant")
-    power: float = _opt(1.0, "exponent of the polynomial decay")
-    min_lr_ratio: float = _opt(0.0, "final learning rate as a share of the peak")
-    weight_decay: float = _opt(0.01, "weight decay (biases excluded)")
-    beta1: float = _opt(0.9, "first-moment decay")
-    beta2: float = _opt(0.999, "second-moment decay")
-    eps: float = _opt(1e-6, "optimiser epsilon")
-    clip_norm: float = _opt(0.0, "clip the global gradient norm to this (0: off)")
-    optimizer: str = _opt("lamb", "lamb or adamw")
-    precision: str = _opt("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
-    activation_checkpointing: bool = _opt(False, "recompute layers in backward to save memory")
-    compile: bool = _opt(False, "torch.compile the encoder (slower than eager on CPU)")
-    seed: int = _opt(0, "seed of data order, masks, dropout and initialisation")
-    deterministic: bool = _opt(False, "torch.use_deterministic_algorithms(True)")
-    device: str = _opt("auto", "auto, cpu, cuda or cuda:N")
-    log_every: int = _opt(10, "log every N steps")
-    save_every: int = _opt(1000, "checkpoint every N steps (and at the end)")
-    keep_last: int = _opt(3, "keep the last N checkpoints")
-    out: str | None = _opt(None, "run directory (checkpoints, tokenizer, logs)")
-    resume: str | None = _opt(None, "'latest', 'auto' (latest if any) or a checkpoint dir")
-    num_workers: int = _opt(0, "DataLoader worker processes")
-    fsdp: bool = _opt(False, "shard parameters with FSDP instead of DDP")
-    tensorboard: bool = _opt(True, "also log to OUT/tensorboard when tensorboard imports")
-    progress: bool = _opt(True, "show a progress bar")
+    ops: str = option("jmc.atp", "operator string of the architecture")
+    preset: str = option("base", "model size preset: tiny, small, base or large")
+    model: tuple[tuple[str, Any], ...] = option(
+        (), "model overrides KEY=VALUE (D1, D2, L, ...)", parse=_model_overrides)
+    data: str = option("kinship", "corpus: a file, a directory, a saved dataset, or 'kinship'")
+    kinship_documents: int = option(2000, "documents of the generated kinship corpus")
+    streaming: bool = option(False, "stream the corpus instead of tokenising it up front")
+    cache_dir: str | None = option(None, "tokenised-data cache (default OUT/cache)")
+    tokenizer: str | None = option(None, "tokenizer.json, vocab.txt or a directory; default: "
+                                         "train one on the corpus")
+    vocab_size: int = option(32768, "vocabulary size when training the tokenizer")
+    seq_len: int = option(128, "tokens per sequence")
+    objective: str = option("nsp", "sentence-pair objective: nsp or sop")
+    mlm_probability: float = option(0.15, "share of tokens chosen for MLM")
+    max_predictions: int = option(20, "at most this many MLM targets per sequence")
+    batch_size: int = option(256, "global batch: sequences per optimiser step, all processes")
+    grad_accum: int = option(1, "micro-batches accumulated per optimiser step")
+    steps: int = option(8000, "optimiser steps")
+    lr: float = option(1e-3, "peak learning rate")
+    warmup_ratio: float = option(0.01, "share of the steps spent warming up")
+    schedule: str = option("linear", "decay after warmup: linear, polynomial or constant")
+    power: float = option(1.0, "exponent of the polynomial decay")
+    min_lr_ratio: float = option(0.0, "final learning rate as a share of the peak")
+    weight_decay: float = option(0.01, "weight decay (biases excluded)")
+    beta1: float = option(0.9, "first-moment decay")
+    beta2: float = option(0.999, "second-moment decay")
+    eps: float = option(1e-6, "optimiser epsilon")
+    clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off)")
+    optimizer: str = option("lamb", "lamb or adamw")
+    precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
+    activation_checkpointing: bool = option(False, "recompute layers in backward to save memory")
+    compile: bool = option(False, "torch.compile the encoder (slower than eager on CPU)")
+    seed: int = option(0, "seed of data order, masks, dropout and initialisation")
+    deterministic: bool = option(False, "torch.use_deterministic_algorithms(True)")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    log_every: int = option(10, "log every N steps")
+    save_every: int = option(1000, "checkpoint every N steps (and at the end)")
+    keep_last: int = option(3, "keep the last N checkpoints")
+    out: str | None = option(None, "run directory (checkpoints, tokenizer, logs)")
+    resume: str | None = option(None, "'latest', 'auto' (latest if any) or a checkpoint dir")
+    num_workers: int = option(0, "DataLoader worker processes")
+    fsdp: bool = option(False, "shard parameters with FSDP instead of DDP")
+    tensorboard: bool = option(True, "also log to OUT/tensorboard when tensorboard imports")
+    progress: bool = option(True, "show a progress bar")
 
     def __post_init__(self) -> None:
-        model = self.model
-        if isinstance(model, Mapping):
-            model = tuple(sorted(model.items()))
-            object.__setattr__(self, "model", model)
-        for key, _value in model:
-            if key not in MODEL_KEYS:
-                raise FolnetError(f"--model {key}=...: unknown model field {key!r}; use "
-                                  f"{choices(MODEL_KEYS)} (vocab_size comes from the tokenizer)")
-        for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name), f.type)
-            if f.type == "float" and isinstance(getattr(self, f.name), int):
-                object.__setattr__(self, f.name, float(getattr(self, f.name)))
-        for name, low in (("kinship_documents", 1), ("vocab_size", 6), ("seq_len", 8),
-                          ("max_predictions", 1), ("batch_size", 1), ("grad_accum", 1),
-                          ("steps", 1), ("log_every", 1), ("save_every", 1), ("keep_last", 1),
-                          ("num_workers", 0), ("seed", 0)):
-            if getattr(self, name) < low:
-                raise FolnetError(f"{flag(name)} must be >= {low}, got {getattr(self, name)}")
-        for name, allowed in (("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
-                              ("schedule", SCHEDULES), ("precision", PRECISIONS)):
-            if getattr(self, name) not in allowed:
-                raise FolnetError(f"{flag(name)} {getattr(self, name)!r} is unknown; use "
-                                  f"{choices(allowed)}")
-        for name, lo, hi, open_hi in (("mlm_probability", 0.0, 1.0, True),
-                                      ("warmup_ratio", 0.0, 1.0, False),
-                                      ("min_lr_ratio", 0.0, 1.0, False),
-                                      ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)):
-            value = getattr(self, name)
-            if not (lo <= value < hi if open_hi else lo <= value <= hi):
-                raise FolnetError(f"{flag(name)} must lie in [{lo}, {hi}{')' if open_hi else ']'}"
-                                  f", got {value}")
-        for name in ("lr", "power", "weight_decay", "eps", "clip_norm"):
-            if not getattr(self, name) >= 0.0:
-                raise FolnetError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        self.check_types()
+        self.check_at_least((("kinship_documents", 1), ("vocab_size", 6), ("seq_len", 8),
+                             ("max_predictions", 1), ("batch_size", 1), ("grad_accum", 1),
+                             ("steps", 1), ("log_every", 1), ("save_every", 1),
+                             ("keep_last", 1), ("num_workers", 0), ("seed", 0)))
+        self.check_choices((("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
+                            ("schedule", SCHEDULES), ("precision", PRECISIONS)))
+        self.check_within((("mlm_probability", 0.0, 1.0, True),
+                           ("warmup_ratio", 0.0, 1.0, False), ("min_lr_ratio", 0.0, 1.0, False),
+                           ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))
+        self.check_non_negative(("lr", "power", "weight_decay", "eps", "clip_norm"))
         if self.power == 0.0:
             raise FolnetError("--power must be > 0")
         if self.batch_size % self.grad_accum:
@@ -155,71 +125,23 @@ class PretrainConfig:
         """Rows of one global micro-batch (before splitting over processes)."""
         return self.batch_size // self.grad_accum
 
-    def replace(self, **changes: Any) -> PretrainConfig:
-        return dataclasses.replace(self, **changes)
-
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["model"] = dict(self.model)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> PretrainConfig:
-        return config_from_dict(cls, data, source)
+        return {**super().to_dict(), "model": dict(self.model)}
 
     def resume_mismatches(self, saved: Mapping[str, Any]) -> list[str]:
         """Options whose value differs from the run that wrote a checkpoint, as flags."""
-        mine = self.to_dict()
         bad = []
-        for name, value in mine.items():
+        for name, value in self.to_dict().items():
             if name in RESUME_FREE or name not in saved:
                 continue
-            theirs = saved[name]
-            if name == "model":
-                theirs = dict(theirs)
+            theirs = dict(saved[name]) if name == "model" else saved[name]
             if theirs != value:
-                bad.append(f"{flag(name)} (checkpoint: {theirs!r}, now: {value!r})")
+                bad.append(f"{self.flag(name)} (checkpoint: {theirs!r}, now: {value!r})")
         return bad
-
-
-_TYPES = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,)}
-_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
-
-
-def _check_type(name: str, value: Any, annotation: Any) -> None:
-    text = str(annotation)
-    if name == "model":
-        return
-    optional = text.endswith("| None")
-    if value is None:
-        if optional:
-            return
-        raise FolnetError(f"{flag(name)} must be set, got None")
-    base = text.removesuffix(" | None")
-    allowed = _TYPES.get(base)
-    if allowed is None:  # pragma: no cover - a field added without a type rule
-        return
-    if not isinstance(value, allowed) or (isinstance(value, bool) and base != "bool"):
-        raise FolnetError(f"{flag(name)} must be {_KINDS[base]}, got {value!r}")
 
 
 def default_config_path() -> Path:
     return _toml.specs_dir() / "train" / "pretrain.toml"
-
-
-def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """TOML tables -> config fields: ``[model]`` is the overrides; other keys stay flat."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "model":
-            if not isinstance(value, Mapping):
-                raise FolnetError(f"{source}: 'model' must be a table of model fields")
-            flat["model"] = dict(value)
-        elif isinstance(value, Mapping):
-            raise FolnetError(f"{source}: unknown table [{key}]; only [model] is allowed")
-        else:
-            flat[key] = value
-    return flat
 
 
 def load_pretrain_config(path: str | os.PathLike[str] | None = None,
@@ -228,20 +150,5 @@ def load_pretrain_config(path: str | os.PathLike[str] | None = None,
 
     Model overrides merge key by key (a ``--model D2=32`` keeps the file's ``L``).
     """
-    merged = _flatten(_toml.load(default_config_path()), str(default_config_path()))
-    layers: list[tuple[str, Mapping[str, Any]]] = []
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FolnetError(f"--config {str(path)!r} does not exist")
-        layers.append((str(path), _flatten(_toml.load(path), str(path))))
-    if overrides:
-        layers.append(("command line", dict(overrides)))
-    for source, layer in layers:
-        for key, value in layer.items():
-            if key == "model":
-                merged["model"] = {**dict(merged.get("model", {})), **dict(value)}
-            else:
-                merged[key] = value
-        PretrainConfig.from_dict(merged, source=source)  # unknown keys name their source
-    return PretrainConfig.from_dict(merged)
+    return load_layered(PretrainConfig, default_config_path(), path, overrides,
+                        tables=("model",))
