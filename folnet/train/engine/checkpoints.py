@@ -11,10 +11,11 @@ Layout of one checkpoint, ``OUT/checkpoints/step_N/``::
                         (epoch, micro-batch in epoch) and counters
 
 Why a directory rename: every file is written into ``checkpoints/.tmp-step_N-*``, fsynced, and
-the directory is renamed to ``step_N`` in one atomic step, so a crash (SIGKILL, power loss,
-full disk) during a save leaves either the old set of checkpoints or the new one, never a
-half-written ``step_N``. Old checkpoints are renamed aside before they are deleted for the same
-reason. `latest_checkpoint` only ever sees complete directories.
+the directory is renamed to ``step_N`` in one atomic step (`folnet.io.atomic_write_dir`), so a
+crash (SIGKILL, power loss, full disk) during a save leaves either the old set of checkpoints or
+the new one, never a half-written ``step_N``. Old checkpoints are renamed aside before they are
+deleted for the same reason (`folnet.io.discard_dir`). `list_checkpoints` only ever sees
+complete directories.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import os
 import random
 import re
 import shutil
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from folnet.arch import load_weights, read_metadata
 from folnet.errors import FolnetError
+from folnet.io import atomic_write_dir, discard_dir
 
 __all__ = [
     "TRAINER_FILE",
@@ -139,32 +141,6 @@ def _as_python_state(value: Any) -> tuple:
 # -- saving ------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(directory: Path) -> None:
-    """Flush every file under `directory`, then the directories themselves, to disk."""
-    for path in sorted(directory.rglob("*"), reverse=True):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-        elif path.is_dir():
-            _fsync_dir(path)
-    _fsync_dir(directory)
-
-
-def _discard(path: Path) -> None:
-    """Rename aside, then delete: a half-deleted directory is never named ``step_N``."""
-    trash = path.parent / f".trash-{path.name}-{uuid.uuid4().hex[:8]}"
-    os.replace(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
 def save_checkpoint(out: str | os.PathLike[str], step: int, *,
                     write_model: Callable[[Path], None], tokenizer: Any,
                     trainer_state: Mapping[str, Any], keep_last: int) -> Path:
@@ -172,26 +148,15 @@ def save_checkpoint(out: str | os.PathLike[str], step: int, *,
 
     ``write_model(dir)`` writes config.json + model.safetensors (`save_pretrained`).
     """
-    root = checkpoint_dir(out)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
-    tmp = root / f".tmp-step_{step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        write_model(tmp)
-        tokenizer.save(tmp)
+    def write(directory: Path) -> None:
+        write_model(directory)
+        tokenizer.save(directory)
         payload = {"format": TRAINER_FORMAT, "version": TRAINER_VERSION, **trainer_state}
-        torch.save(payload, tmp / TRAINER_FILE)
-        _fsync_tree(tmp)
-        if final.exists():
-            _discard(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        torch.save(payload, directory / TRAINER_FILE)
+
+    final = atomic_write_dir(checkpoint_dir(out) / f"step_{step}", write)
     for _step, path in list_checkpoints(out)[:-keep_last]:
-        _discard(path)
+        discard_dir(path)
     return final
 
 
@@ -219,8 +184,6 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:
     """The PretrainConfig a checkpoint was written under (from its config.json)."""
-    from folnet.arch.checkpoint import read_metadata
-
     meta = read_metadata(checkpoint)
     run = meta.get("pretrain")
     if not isinstance(run, dict):
@@ -238,11 +201,6 @@ def load_weights_into(model: torch.nn.Module, checkpoint: Path) -> None:
     A different architecture names the options that make it; corrupt or truncated files are
     FolnetErrors naming the file.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from folnet.arch.checkpoint import read_metadata
-
     checkpoint = Path(checkpoint)
     meta = read_metadata(checkpoint)
     saved = dict(meta.get("model") or {})
@@ -253,17 +211,7 @@ def load_weights_into(model: torch.nn.Module, checkpoint: Path) -> None:
                           f"{saved.get(k)!r}, now {mine.get(k)!r}" for k in diffs[:6])
         raise FolnetError(f"--resume: checkpoint {str(checkpoint)!r} holds a different "
                           f"architecture ({shown or 'head ' + repr(meta.get('head'))})")
-    weights = checkpoint / "model.safetensors"
-    if not weights.is_file():
-        raise FolnetError(f"checkpoint {str(checkpoint)!r} has no model.safetensors")
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise FolnetError(f"{weights}: corrupt or truncated weights ({exc})") from None
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise FolnetError(f"{weights}: missing keys {result.missing_keys[:8]}, unexpected keys "
-                          f"{result.unexpected_keys[:8]}")
+    load_weights(model, checkpoint)
 
 
 def describe(checkpoint: Path) -> str:

@@ -72,18 +72,32 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> this process's GPU when CUDA is available, else the CPU."""
+    """The torch device a ``--device`` value names, checked before any work starts.
+
+    ``auto`` is this process's GPU when CUDA is available, else the CPU. ``cuda`` is this
+    process's GPU: under torchrun, local rank r of a machine takes GPU r (modulo the GPUs
+    there), so every process of one command gets its own. ``cuda:N`` is GPU N, which must
+    exist. Anything else must be a torch device name (``cpu``, ``mps``, ...). A GPU that is
+    asked for and absent is a `FolnetError` naming the value, never a failure later on.
+    """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise FolnetError("--device cuda was requested but CUDA is not available")
-        return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
     try:
-        return torch.device(device)
-    except RuntimeError:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
         raise FolnetError(f"--device {device!r} is not a torch device "
                           f"(use auto, cpu, cuda or cuda:N)") from None
+    if resolved.type != "cuda":
+        return resolved
+    if not torch.cuda.is_available():
+        raise FolnetError(f"--device {device!r} was requested but CUDA is not available")
+    count = torch.cuda.device_count()
+    if resolved.index is None:
+        return torch.device("cuda", local_rank % max(1, count))
+    if resolved.index >= count:
+        raise FolnetError(f"--device {device!r}: this machine has {count} CUDA device(s), "
+                          f"cuda:0 to cuda:{count - 1}")
+    return resolved
 
 
 def init_distributed(device: str = "auto") -> DistContext:

@@ -2,9 +2,11 @@
 TensorBoard when it is installed, and a live tqdm progress bar.
 
 Why JSONL first: one self-describing record per line survives a crash mid-write (a torn last
-line is simply skipped by readers) and appends cheaply; the CSV is for spreadsheets. On
-resume, records past the resumed step are dropped so the log reads as one uninterrupted run.
-Only rank 0 logs (`TrainLogger(enabled=False)` does nothing).
+line is simply skipped by readers) and appends cheaply; the CSV is for spreadsheets and holds
+the training-step records (those with a ``loss``) in the caller's columns. On resume, records
+past the resumed step are dropped so the log reads as one uninterrupted run. Only rank 0 logs
+(`TrainLogger(enabled=False)` does nothing). Pretraining and finetuning use the same logger and
+differ only in their columns, their TensorBoard tag and what the bar shows.
 """
 
 from __future__ import annotations
@@ -14,16 +16,13 @@ import io
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from folnet.io import atomic_write_text
 
-__all__ = ["CSV_FIELDS", "TrainLogger", "read_log"]
-
-CSV_FIELDS = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm",
-              "tokens_per_s", "samples_per_s", "elapsed", "epoch", "samples", "tokens")
+__all__ = ["TrainLogger", "read_log"]
 
 
 def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -47,14 +46,23 @@ def _finite(value: Any) -> Any:
 
 
 class TrainLogger:
-    """Write step records to JSONL/CSV/TensorBoard and drive the progress bar."""
+    """Write step records to JSONL/CSV/TensorBoard and drive the progress bar.
 
-    def __init__(self, out: str | os.PathLike[str], *, enabled: bool = True, total_steps: int,
-                 start_step: int = 0, tensorboard: bool = True, progress: bool = True,
-                 objective: str = "nsp") -> None:
+    ``fields`` are the CSV columns; TensorBoard scalars are ``<tag>/<key>`` (keys that already
+    hold a ``/``, such as ``eval/validation/accuracy``, are kept as they are); ``postfix``
+    renders a step record for the bar, ``desc`` names it (default: the tag). ``start_step`` > 0
+    resumes: later records are dropped.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], *, fields: Sequence[str], tag: str,
+                 total_steps: int, postfix: Callable[[Mapping[str, Any]], str] | None = None,
+                 desc: str | None = None, enabled: bool = True, start_step: int = 0,
+                 tensorboard: bool = True, progress: bool = True) -> None:
         self.enabled = enabled
         self.out = Path(out)
-        self.objective = objective.upper()
+        self.fields = tuple(fields)
+        self.tag = tag
+        self.postfix = postfix
         self._bar = None
         self._tb = None
         if not enabled:
@@ -74,46 +82,41 @@ class TrainLogger:
         if progress:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=start_step, desc="pretrain",
-                             unit="step", dynamic_ncols=True, mininterval=0.5)
+            self._bar = tqdm(total=total_steps, initial=start_step, desc=desc or tag, unit="step",
+                             dynamic_ncols=True, mininterval=0.5)
 
     def _truncate(self, start_step: int) -> None:
-        """Keep only records up to `start_step` (all of them for a fresh run: none exist)."""
+        """Keep only records up to `start_step` (none for a fresh run)."""
         kept = [r for r in read_log(self.jsonl) if int(r.get("step", 0)) <= start_step]
         if start_step == 0:
             kept = []
         atomic_write_text(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(buffer, fieldnames=self.fields, extrasaction="ignore")
         writer.writeheader()
-        for record in kept:
-            writer.writerow(record)
+        writer.writerows(r for r in kept if "loss" in r)
         atomic_write_text(self.csv, buffer.getvalue())
 
     def log(self, record: Mapping[str, Any]) -> None:
-        """Append one step record (must hold ``step``) to every sink."""
+        """Append one record (must hold ``step``) to every sink."""
         if not self.enabled:
             return
         clean = {k: _finite(v) for k, v in record.items()}
         with open(self.jsonl, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(clean) + "\n")
             handle.flush()
-        with open(self.csv, "a", encoding="utf-8", newline="") as handle:
-            csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore").writerow(clean)
+        if "loss" in clean:
+            with open(self.csv, "a", encoding="utf-8", newline="") as handle:
+                csv.DictWriter(handle, fieldnames=self.fields,
+                               extrasaction="ignore").writerow(clean)
         if self._tb is not None:
             for key, value in clean.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(f"pretrain/{key}", value, int(clean["step"]))
+                    self._tb.add_scalar(key if "/" in key else f"{self.tag}/{key}", value,
+                                        int(clean["step"]))
             self._tb.flush()
-        if self._bar is not None:
-            def num(key: str) -> float:
-                value = clean.get(key)
-                return float(value) if isinstance(value, (int, float)) else float("nan")
-
-            self._bar.set_postfix_str(
-                f"loss {num('loss'):.3f} mlm_acc {num('mlm_acc'):.3f} "
-                f"{self.objective.lower()}_acc {num('nsp_acc'):.3f} "
-                f"tok/s {num('tokens_per_s'):,.0f}", refresh=False)
+        if self._bar is not None and self.postfix is not None and "loss" in clean:
+            self._bar.set_postfix_str(self.postfix(clean), refresh=False)
 
     def advance(self, steps: int = 1) -> None:
         """Move the bar (its ETA comes from the step rate)."""

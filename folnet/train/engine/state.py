@@ -1,19 +1,13 @@
-"""What the pretraining loop saves and restores, for plain, DDP and FSDP models alike.
-
-`PretrainingForward` is the module that DDP/FSDP wrap: it returns only the tensors the loss
-reads. Why: FOLNet's last layer writes a final binary stream that no pretraining head reads, so
-the parameters of its binary-output operators get no gradient. DDP's unused-parameter search
-walks back from the forward's outputs; were the relation output among them, those parameters
-would look used and DDP would wait for their gradients forever.
+"""What a training loop saves and restores, for plain, DDP and FSDP models alike.
 
 `save_training_checkpoint` gathers what every rank holds (RNG states; under FSDP the parameter
-and optimiser shards) and lets rank 0 write it through `folnet.train.engine.checkpoints`.
+and optimiser shards) and lets rank 0 write it through `folnet.train.engine.checkpoints`;
+`restore_training_state` puts it back on every rank. `write_model_fn` is the model writer both
+the checkpoints and the final model use, and `publish_final` writes ``OUT/final``.
 """
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,25 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from folnet.arch import FolnetModel
+from folnet.io import atomic_write_dir
 from folnet.train.engine import checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
 
-__all__ = ["PretrainingForward", "publish_final", "restore_training_state",
-           "save_training_checkpoint", "write_model_fn"]
-
-
-class PretrainingForward(nn.Module):
-    """``(mlm_logits (N, V), mlm_labels (N,), nsp_logits (B, 2))`` of a FolnetModel whose
-    ``gather_mlm`` is on; N is the number of masked positions in the batch."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor, mlm_labels: torch.Tensor):
-        out = self.model(input_ids, token_type_ids, attention_mask, mlm_labels=mlm_labels)
-        return out.mlm_logits, out.mlm_labels, out.nsp_logits
+__all__ = ["publish_final", "restore_training_state", "save_training_checkpoint",
+           "write_model_fn"]
 
 
 def _full_state(engine: nn.Module) -> dict[str, torch.Tensor]:
@@ -55,9 +37,6 @@ def write_model_fn(model: nn.Module, engine: nn.Module, extra: Mapping[str, Any]
                    fsdp: bool, is_main: bool = True) -> Callable[[Path], Any]:
     """A directory writer of config.json + model.safetensors (call on every rank under FSDP:
     gathering the shards is collective, and only rank 0 receives the full weights)."""
-    from folnet.arch.checkpoint import save_pretrained
-    from folnet.arch.model import FolnetModel
-
     source = model
     if fsdp:
         full = _full_state(engine)
@@ -66,7 +45,7 @@ def write_model_fn(model: nn.Module, engine: nn.Module, extra: Mapping[str, Any]
         with torch.device("meta"):  # fully_shard changed model's class: rebuild a plain one
             source = FolnetModel(model.cfg, head=model.head, num_labels=model.num_labels)
         source.load_state_dict(full, assign=True)
-    return lambda directory: save_pretrained(source, directory, dict(extra))
+    return lambda directory: source.save_pretrained(directory, dict(extra))
 
 
 def _optimizer_state(engine: nn.Module, optimizer, fsdp: bool) -> dict[str, Any]:
@@ -130,16 +109,10 @@ def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module, opt
         torch.manual_seed(int(trainer["step"]) * 7919 + ctx.rank)
 
 
-def publish_final(out: Path, write: Callable[[Path], Any], tokenizer) -> Path:
-    """Write ``OUT/final`` (model + tokenizer) through a temporary sibling and a rename."""
-    final = out / "final"
-    tmp = out / f".tmp-final-{uuid.uuid4().hex[:8]}"
-    try:
-        write(tmp)
-        tokenizer.save(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+def publish_final(out: Path, write: Callable[[Path], Any], tokenizer: Any) -> Path:
+    """Write ``OUT/final`` (model + tokenizer) atomically, replacing an earlier one."""
+    def write_all(directory: Path) -> None:
+        write(directory)
+        tokenizer.save(directory)
+
+    return atomic_write_dir(out / "final", write_all)

@@ -13,9 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from folnet.arch.checkpoint import ensure_operators, from_pretrained, read_metadata
-from folnet.arch.config import ModelConfig
-from folnet.arch.model import FolnetModel
+from folnet.arch import (
+    FolnetModel,
+    ModelConfig,
+    ensure_operators,
+    from_pretrained,
+    load_weights,
+    read_metadata,
+)
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer
 
@@ -92,24 +97,11 @@ def build_task_model(checkpoint: Path, head: str, num_labels: int = 2,
 
     Draws the head's initialisation from torch's global generator: seed it first.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if head not in TASK_HEADS:
         raise FolnetError(f"head {head!r} is not a task head: expected one of {TASK_HEADS}")
     meta = read_metadata(checkpoint)
     model = FolnetModel(_config(meta, str(checkpoint), dropout), head=head, num_labels=num_labels)
-    weights = checkpoint / "model.safetensors"
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise FolnetError(f"{weights}: corrupt or truncated weights ({exc})") from None
-    encoder = {k: v for k, v in state.items() if k.startswith("encoder.")}
-    result = model.load_state_dict(encoder, strict=False)
-    missing = [k for k in result.missing_keys if k.startswith("encoder.")]
-    if missing or result.unexpected_keys:
-        raise FolnetError(f"{weights}: encoder weights do not fit its config.json: missing "
-                          f"{missing[:6]}, unexpected {result.unexpected_keys[:6]}")
+    load_weights(model, checkpoint, only="encoder.")
     model.relations = False  # no task head reads the final binary stream: skip computing it
     return model
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json, atomic_write_text
+from folnet.train.engine.distributed import resolve_device
 from folnet.train.finetune.data import EncodedSplit, TaskData
 from folnet.train.finetune.loop import batches, predict
 from folnet.train.tasks import TaskSpec, postprocess_predictions
@@ -30,7 +31,7 @@ from folnet.train.tasks.kinship import kinship_metrics
 from folnet.train.tasks.metrics import compute_metrics, squad_evaluate
 
 __all__ = ["SquadOptions", "evaluate_checkpoint", "evaluate_splits", "read_predictions",
-           "resolve_device", "score_split", "write_predictions"]
+           "score_split", "write_predictions"]
 
 
 @dataclass(frozen=True)
@@ -40,20 +41,6 @@ class SquadOptions:
     n_best: int = 20
     max_answer_len: int = 30
     null_threshold: float = 0.0
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto``: the GPU when there is one, else the CPU; otherwise the device named."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise FolnetError(f"--device {name!r} is not a device (use auto, cpu, cuda or cuda:N)"
-                          ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise FolnetError(f"--device {name!r}: no CUDA device is available")
-    return device
 
 
 def _class_ids(task: TaskSpec, split: EncodedSplit) -> tuple[list[int], list[int]]:

@@ -15,9 +15,6 @@ every reduction by the attention mask, so trimming does not change any real toke
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,58 +24,31 @@ import torch
 from torch import nn
 
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_text
 from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
 from folnet.train.engine.optim import build_optimizer, build_scheduler
-from folnet.train.engine.runlog import TrainLogger, read_log
+from folnet.train.engine.runlog import TrainLogger
 
-__all__ = ["FinetuneLogger", "LoopSettings", "batches", "finetune_model", "predict", "trim"]
+__all__ = ["LOG_FIELDS", "LoopSettings", "batches", "finetune_logger", "finetune_model",
+           "num_batches", "predict", "trim"]
 
 LOG_FIELDS = ("step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "tokens_per_s",
               "elapsed", "samples")
 _PER_TOKEN = ("start_logits", "end_logits")
 
 
-class FinetuneLogger(TrainLogger):
-    """`TrainLogger` with finetuning's fields: the same JSONL/CSV/TensorBoard files and bar.
+def log_postfix(record: Mapping[str, Any]) -> str:
+    """What the progress bar shows after each logged step."""
+    return f"loss {record['loss']:.4f} lr {record['lr']:.2e}"
 
-    Evaluation records (``eval/<split>/<metric>`` keys) go to the JSONL and TensorBoard.
-    """
 
-    def __init__(self, out: Any, *, total_steps: int, tensorboard: bool, progress: bool,
-                 desc: str = "finetune") -> None:
-        super().__init__(out, total_steps=total_steps, tensorboard=tensorboard,
-                         progress=progress)
-        if self._bar is not None:
-            self._bar.set_description(desc)
-
-    def _truncate(self, start_step: int) -> None:
-        """A fresh log: finetuning never resumes mid-run."""
-        atomic_write_text(self.jsonl, "")
-        buffer = io.StringIO()
-        csv.DictWriter(buffer, fieldnames=LOG_FIELDS).writeheader()
-        atomic_write_text(self.csv, buffer.getvalue())
-
-    def log(self, record: Mapping[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in record.items()}
-        with open(self.jsonl, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(clean) + "\n")
-        if "loss" in clean:
-            with open(self.csv, "a", encoding="utf-8", newline="") as handle:
-                csv.DictWriter(handle, fieldnames=LOG_FIELDS, extrasaction="ignore").writerow(
-                    clean)
-        if self._tb is not None:
-            for key, value in clean.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key if "/" in key else f"finetune/{key}", value,
-                                        int(clean["step"]))
-            self._tb.flush()
-        if self._bar is not None and "loss" in clean:
-            self._bar.set_postfix_str(f"loss {clean['loss']:.4f} lr {clean['lr']:.2e}",
-                                      refresh=False)
-
-    def records(self) -> list[dict[str, Any]]:
-        return read_log(self.jsonl)
+def finetune_logger(out: Any, *, total_steps: int, tensorboard: bool, progress: bool,
+                    desc: str = "finetune") -> TrainLogger:
+    """The logger of one finetuning run: `TrainLogger` with finetuning's columns, always a
+    fresh log (finetuning never resumes mid-run). Evaluation records (``eval/<split>/<metric>``
+    keys, no loss) go to the JSONL and TensorBoard only."""
+    return TrainLogger(out, fields=LOG_FIELDS, tag="finetune", total_steps=total_steps,
+                       postfix=log_postfix, desc=desc, tensorboard=tensorboard,
+                       progress=progress)
 
 
 def trim(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from folnet.arch.checkpoint import read_metadata
+from folnet.arch import read_metadata
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json
+from folnet.train.engine.distributed import resolve_device
 from folnet.train.finetune.checkpoint import (
     build_task_model,
     check_vocabulary,
@@ -45,14 +46,13 @@ from folnet.train.finetune.data import TaskData, label_names, load_task_data, re
 from folnet.train.finetune.evaluate import (
     SquadOptions,
     evaluate_splits,
-    resolve_device,
     write_eval_json,
     write_predictions,
 )
 from folnet.train.finetune.loop import (
-    FinetuneLogger,
     LoopSettings,
     batches,
+    finetune_logger,
     finetune_model,
     num_batches,
 )
@@ -140,7 +140,7 @@ def _run_seed(seed: int, *, config: FinetuneConfig, hyper: Hyper, data: TaskData
     select = _selection_split(task, config)
     history: list[dict[str, Any]] = []
     best: dict[str, Any] = {"score": None, "state": None, "epoch": None}
-    logger = FinetuneLogger(seed_dir, total_steps=total, tensorboard=config.tensorboard,
+    logger = finetune_logger(seed_dir, total_steps=total, tensorboard=config.tensorboard,
                             progress=config.progress, desc=f"finetune {task.name} seed {seed}")
 
     def after_epoch(epoch: int, step: int) -> None:

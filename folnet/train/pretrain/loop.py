@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from folnet.errors import FolnetError
 from folnet.runtime import tune_cpu_allocator
@@ -41,15 +42,53 @@ from folnet.train.engine.distributed import (
 from folnet.train.engine.optim import build_optimizer, build_scheduler
 from folnet.train.engine.runlog import TrainLogger
 from folnet.train.engine.state import (
-    PretrainingForward,
     publish_final,
     restore_training_state,
     save_training_checkpoint,
     write_model_fn,
 )
-from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
+from folnet.train.pretrain.config import PretrainConfig
 
-__all__ = ["PretrainConfig", "load_pretrain_config", "pretrain"]
+__all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
+
+#: The columns of ``OUT/log.csv``.
+LOG_FIELDS = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm",
+              "tokens_per_s", "samples_per_s", "elapsed", "epoch", "samples", "tokens")
+
+
+class PretrainingForward(nn.Module):
+    """``(mlm_logits (N, V), mlm_labels (N,), nsp_logits (B, 2))`` of a FolnetModel whose
+    ``gather_mlm`` is on; N is the number of masked positions in the batch.
+
+    This is the module DDP/FSDP wrap, and it returns only the tensors the loss reads. Why:
+    FOLNet's last layer writes a final binary stream that no pretraining head reads, so the
+    parameters of its binary-output operators get no gradient. DDP's unused-parameter search
+    walks back from the forward's outputs; were the relation output among them, those
+    parameters would look used and DDP would wait for their gradients forever.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor, mlm_labels: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids, token_type_ids, attention_mask, mlm_labels=mlm_labels)
+        return out.mlm_logits, out.mlm_labels, out.nsp_logits
+
+
+def _bar_postfix(objective: str):
+    """What the progress bar shows after each logged step."""
+    def render(record: dict[str, Any]) -> str:
+        def num(key: str) -> float:
+            value = record.get(key)
+            return float(value) if isinstance(value, (int, float)) else float("nan")
+
+        return (f"loss {num('loss'):.3f} mlm_acc {num('mlm_acc'):.3f} {objective}_acc "
+                f"{num('nsp_acc'):.3f} tok/s {num('tokens_per_s'):,.0f}")
+
+    return render
 
 
 def pretrain(config: PretrainConfig) -> Path:
@@ -230,7 +269,7 @@ def _record(window: list[float], *, step: int, lr: float, grad_norm: float | Non
 
 
 def _train(config: PretrainConfig, ctx: DistContext) -> Path:
-    from folnet.arch.build import build_model
+    from folnet.arch import build_model
     from folnet.io import atomic_write_json
     from folnet.train.data.masking import PretrainingCollator
 
@@ -286,9 +325,10 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
         # and compiling in place keeps every state-dict key and the DDP/FSDP wrapping as is.
         model.encoder.compile()
 
-    logger = TrainLogger(out, enabled=ctx.is_main, total_steps=config.steps,
+    logger = TrainLogger(out, fields=LOG_FIELDS, tag="pretrain", total_steps=config.steps,
+                         postfix=_bar_postfix(config.objective), enabled=ctx.is_main,
                          start_step=state["step"], tensorboard=config.tensorboard,
-                         progress=config.progress, objective=config.objective)
+                         progress=config.progress)
     if resume is not None:
         logger.message(f"resumed from {ckpt.describe(resume)}")
     if config.compile and ctx.device.type == "cpu":
