@@ -39,6 +39,7 @@ from folnet import _toml
 from folnet.arch.config import POSITIONS
 from folnet.arch.plan import parse_plan
 from folnet.errors import FolnetError, choices
+from folnet.train.data.documents import KINSHIP
 
 LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop"}
 PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "pretrain",
@@ -158,8 +159,8 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
             raise FolnetError(f"plan {name!r} row {i + 1} ({row.name!r}): same name as row "
                               f"{seen[row.slug] + 1}; give each row a unique 'name'")
         seen[row.slug] = i
-    plan_data = overrides.get("data") or data.get("data", "kinship")
-    if plan_data != "kinship" and not Path(plan_data).exists():
+    plan_data = overrides.get("data") or data.get("data", KINSHIP)
+    if plan_data != KINSHIP and not Path(plan_data).exists():
         raise FolnetError(f"plan {name!r}: data path {plan_data!r} does not exist (every row "
                           f"pretrains on it)")
     tasks = tuple(overrides.get("tasks") or data.get("tasks", ("kinship",)))
@@ -176,7 +177,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
 
 
 def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]) -> None:
-    from folnet.train.tasks import get_task
+    from folnet.train.tasks import family_of, get_task
 
     if not tasks:
         raise FolnetError(f"plan {name!r}: 'tasks' is empty; e.g. tasks = [\"kinship\"]")
@@ -184,12 +185,12 @@ def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]
     if extra:
         raise FolnetError(f"plan {name!r}: task_data names task(s) {extra} not in tasks")
     for task in tasks:
-        if task == "kinship":
-            continue
         try:
             get_task(task)
         except FolnetError as exc:
             raise FolnetError(f"plan {name!r}: task {task!r}: {exc}") from None
+        if family_of(task).generated:
+            continue
         path = task_data.get(task)
         if path is None:
             raise FolnetError(f"plan {name!r}: task {task!r} needs its data directory: add "

@@ -33,6 +33,7 @@ import torch
 from folnet.arch import read_metadata
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json
+from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine.distributed import resolve_device
 from folnet.train.finetune.checkpoint import (
     build_task_model,
@@ -41,14 +42,17 @@ from folnet.train.finetune.checkpoint import (
     save_finetuned,
     task_tokenizer,
 )
-from folnet.train.finetune.config import FinetuneConfig, Hyper, load_finetune_config
-from folnet.train.finetune.data import TaskData, label_names, load_task_data, resolve_task
-from folnet.train.finetune.evaluate import (
-    SquadOptions,
-    evaluate_splits,
-    write_eval_json,
-    write_predictions,
+from folnet.train.finetune.config import FinetuneConfig, Hyper
+from folnet.train.finetune.data import (
+    TaskData,
+    headline_split,
+    label_names,
+    load_run_data,
+    resolve_task,
+    run_options,
+    task_head,
 )
+from folnet.train.finetune.evaluate import evaluate_splits, write_eval_json, write_predictions
 from folnet.train.finetune.loop import (
     LoopSettings,
     batches,
@@ -58,38 +62,7 @@ from folnet.train.finetune.loop import (
 )
 from folnet.train.tasks import TaskSpec
 
-__all__ = ["FinetuneConfig", "finetune", "headline_split", "load_finetune_config",
-           "load_run_data", "task_head"]
-
-
-def task_head(task: TaskSpec) -> tuple[str, int]:
-    """The model head and its output width for ``task``."""
-    if task.kind == "qa":
-        return "qa", 2
-    return "classification", task.num_labels
-
-
-def headline_split(task: TaskSpec, splits: list[str]) -> str:
-    """The split whose median main metric is the run's headline: the test split where one is
-    labelled and evaluated (kinship, CLUTRR), else the first validation split."""
-    return "test" if "test" in splits else splits[0]
-
-
-def kinship_options(config: FinetuneConfig) -> dict[str, Any]:
-    return {"train_size": config.kinship_train_size, "test_per_k": config.kinship_test_per_k,
-            "train_k": config.kinship_train_k, "test_k": config.kinship_test_k,
-            "seed": config.data_seed, "distractors": config.kinship_distractors}
-
-
-def load_run_data(config: FinetuneConfig, tokenizer, hyper: Hyper, *, train: bool = True,
-                  labels: list[str] | None = None, splits: list[str] | None = None) -> TaskData:
-    """The task's splits as `config` asks for them, encoded with ``tokenizer``."""
-    return load_task_data(config.task, config.data, tokenizer.tokenizer, max_len=hyper.max_len,
-                          splits=splits, train=train, labels=labels, doc_stride=hyper.doc_stride,
-                          max_query_len=config.max_query_len,
-                          max_train_examples=config.max_train_examples,
-                          max_eval_examples=config.max_eval_examples,
-                          kinship=kinship_options(config))
+__all__ = ["finetune"]
 
 
 def _selection_split(task: TaskSpec, config: FinetuneConfig) -> str | None:
@@ -114,7 +87,8 @@ def _flat(split_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
 
 
 def _run_seed(seed: int, *, config: FinetuneConfig, hyper: Hyper, data: TaskData,
-              checkpoint: Path, tokenizer, out: Path, device: torch.device) -> dict[str, Any]:
+              checkpoint: Path, tokenizer: FolnetTokenizer, out: Path,
+              device: torch.device) -> dict[str, Any]:
     """Train and score one seed; its files go to ``OUT/seed_<seed>``."""
     task, train = data.task, data.train
     if train is None:
@@ -133,10 +107,8 @@ def _run_seed(seed: int, *, config: FinetuneConfig, hyper: Hyper, data: TaskData
                             schedule=config.schedule,
                             clip_norm=config.clip_norm, precision=config.precision,
                             log_every=config.log_every)
-    squad = SquadOptions(config.n_best, config.max_answer_len, config.null_threshold)
-    score_args = {"batch_size": config.eval_batch_size, "device": device,
-                  "precision": config.precision, "squad": squad,
-                  "train_k": config.kinship_train_k}
+    score_args = {"options": run_options(config, hyper), "batch_size": config.eval_batch_size,
+                  "device": device, "precision": config.precision}
     select = _selection_split(task, config)
     history: list[dict[str, Any]] = []
     best: dict[str, Any] = {"score": None, "state": None, "epoch": None}
