@@ -29,6 +29,7 @@ training starts.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from folnet import _toml
-from folnet.arch.config import POSITIONS
-from folnet.arch.plan import parse_plan
+from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
 from folnet.train.data.documents import KINSHIP
+from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.tasks import family_of, get_task
 
 LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop"}
 PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "pretrain",
@@ -124,9 +126,6 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
                     overrides: Mapping[str, Any] | None = None) -> AblationPlan:
     """Validate a plan mapping; ``overrides`` (from the command line) replace top-level keys
     (``data``, ``seeds``) and pretraining options (``preset``, ``steps``)."""
-    from folnet.arch.config import preset as load_preset
-    from folnet.train.pretrain.config import PretrainConfig
-
     unknown = sorted(set(data) - set(PLAN_KEYS))
     if unknown:
         raise FolnetError(f"{source}: unknown key(s) {unknown}; allowed: {list(PLAN_KEYS)}")
@@ -177,8 +176,6 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
 
 
 def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]) -> None:
-    from folnet.train.tasks import family_of, get_task
-
     if not tasks:
         raise FolnetError(f"plan {name!r}: 'tasks' is empty; e.g. tasks = [\"kinship\"]")
     extra = sorted(set(task_data) - set(tasks))
@@ -218,8 +215,6 @@ def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
 def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> AblationPlan:
     """Read and validate an ablation plan: a TOML file (``specs/ablations/NAME.toml``, or
     just NAME) or the ``plan.json`` an ablation run writes into its output directory."""
-    import json
-
     path = Path(path)
     if not path.is_file():
         candidate = _toml.specs_dir() / "ablations" / f"{path.name}.toml"

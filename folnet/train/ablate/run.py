@@ -27,19 +27,24 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json
 from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
+from folnet.train.engine.runlog import read_log
+from folnet.train.finetune import FinetuneConfig, finetune, load_finetune_config
+from folnet.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
 
 
 def _task_slug(task: str) -> str:
     return task.replace("/", "-")
 
 
-def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path, progress: bool):
-    from folnet.train.pretrain.config import load_pretrain_config
-
+def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path,
+                     progress: bool) -> PretrainConfig:
     shared = dict(plan.pretrain)
     model = {**dict(shared.pop("model", {})), **row.model_overrides}
     return load_pretrain_config(None, {
@@ -48,9 +53,8 @@ def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path, progre
         "progress": progress, "tensorboard": False})
 
 
-def _finetune_config(plan: AblationPlan, task: str, row_dir: Path, progress: bool):
-    from folnet.train.finetune.config import load_finetune_config
-
+def _finetune_config(plan: AblationPlan, task: str, row_dir: Path,
+                     progress: bool) -> FinetuneConfig:
     return load_finetune_config(None, {
         **dict(plan.finetune), "task": task, "data": dict(plan.task_data).get(task),
         "checkpoint": str(row_dir / "pretrain"), "seeds": plan.seeds,
@@ -60,8 +64,7 @@ def _finetune_config(plan: AblationPlan, task: str, row_dir: Path, progress: boo
 
 def _pretrain_stats(run_dir: Path) -> dict[str, Any]:
     """Throughput, the last losses and the loss curve from a pretraining log."""
-    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = read_log(run_dir / "log.jsonl")
     rates = [r["tokens_per_s"] for r in records[1:] if r.get("tokens_per_s")]
     last = records[-1] if records else {}
     return {"tokens_per_s": statistics.median(rates) if rates else None,
@@ -70,13 +73,8 @@ def _pretrain_stats(run_dir: Path) -> dict[str, Any]:
             "loss_curve": [(r["step"], r["loss"]) for r in records]}
 
 
-def _model_stats(cfg, seq_len: int) -> dict[str, Any]:
+def _model_stats(cfg: ModelConfig, seq_len: int) -> dict[str, Any]:
     """Parameters (bare encoder, like the paper's column) and FLOPs per token."""
-    import torch
-
-    from folnet.arch.info import model_info
-    from folnet.arch.model import FolnetModel
-
     with torch.device("meta"):
         model = FolnetModel(cfg)
     info = model_info(model, seq_len)
@@ -106,11 +104,6 @@ def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dic
 def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
             log=print) -> dict[str, Any]:
     """Pretrain and finetune one row (resuming whatever is already done)."""
-    from folnet.arch.checkpoint import read_metadata
-    from folnet.arch.config import ModelConfig
-    from folnet.train.finetune.run import finetune
-    from folnet.train.pretrain.loop import pretrain
-
     row_dir = out / "rows" / row.slug
     done = row_dir / "result.json"
     if done.is_file():

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from folnet.arch.model import FolnetModel
+from folnet.arch import FolnetModel
 from folnet.errors import FolnetError
 from folnet.train.finetune.checkpoint import build_task_model, resolve_checkpoint, task_tokenizer
 from folnet.train.finetune.loop import LoopSettings, batches, finetune_model, num_batches, predict
