@@ -35,8 +35,10 @@ from folnet.io import atomic_write_json
 from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
 from folnet.train.engine.runlog import read_log
-from folnet.train.finetune import FinetuneConfig, finetune, load_finetune_config
-from folnet.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
+from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
+from folnet.train.finetune.run import finetune
+from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
+from folnet.train.pretrain.loop import pretrain
 
 
 def _task_slug(task: str) -> str:

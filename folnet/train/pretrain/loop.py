@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
+from folnet.arch import build_model
 from folnet.errors import FolnetError
+from folnet.io import atomic_write_json
 from folnet.runtime import tune_cpu_allocator
+from folnet.train.data.masking import PretrainingCollator
 from folnet.train.engine import checkpoints as ckpt
 from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
 from folnet.train.engine.distributed import (
     DistContext,
-    GlobalBatchSampler,
     all_reduce_sum,
     barrier,
     gradient_sync,
@@ -48,6 +53,7 @@ from folnet.train.engine.state import (
     write_model_fn,
 )
 from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.pretrain.inputs import micro_batches, run_dataset, run_tokenizer
 
 __all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
 
@@ -78,9 +84,9 @@ class PretrainingForward(nn.Module):
         return out.mlm_logits, out.mlm_labels, out.nsp_logits
 
 
-def _bar_postfix(objective: str):
+def _bar_postfix(objective: str) -> Callable[[Mapping[str, Any]], str]:
     """What the progress bar shows after each logged step."""
-    def render(record: dict[str, Any]) -> str:
+    def render(record: Mapping[str, Any]) -> str:
         def num(key: str) -> float:
             value = record.get(key)
             return float(value) if isinstance(value, (int, float)) else float("nan")
@@ -126,101 +132,17 @@ def _resume_point(config: PretrainConfig, out: Path) -> Path | None:
     return target
 
 
-def _tokenizer(config: PretrainConfig, out: Path, resume: Path | None, ctx: DistContext):
-    from folnet.train.data.documents import iter_documents
-    from folnet.train.data.tokenizer import load_tokenizer, train_tokenizer
-
-    if resume is not None:
-        return load_tokenizer(resume)
-    if config.tokenizer is not None:
-        try:
-            return load_tokenizer(config.tokenizer)
-        except FolnetError as exc:
-            raise FolnetError(f"--tokenizer: {exc}") from None
-    trained = out / "tokenizer"
-    if ctx.is_main:
-        def texts():  # read twice: train_tokenizer makes a first pass for the alphabet
-            documents = iter_documents(config.data, kinship_documents=config.kinship_documents,
-                                       seed=config.seed)
-            return (sentence for document in documents for sentence in document)
-
-        tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
-                                                         vocab_size=config.vocab_size))
-        tokenizer.save(trained)
-    barrier(ctx)
-    return tokenizer if ctx.is_main else load_tokenizer(trained)
-
-
-def _data_errors(build):
-    """Prefix data faults with the option that chose the data."""
-    try:
-        return build()
-    except FolnetError as exc:
-        raise FolnetError(f"--data: {exc}") from None
-
-
-def _dataset(config: PretrainConfig, tokenizer, out: Path, ctx: DistContext):
-    from folnet.train.data.config import PretrainDataConfig
-    from folnet.train.data.corpus import build_pretraining_dataset
-
-    data_config = PretrainDataConfig(
-        seq_len=config.seq_len, objective=config.objective,
-        mlm_probability=config.mlm_probability, max_predictions=config.max_predictions,
-        seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
-        streaming=config.streaming, kinship_documents=config.kinship_documents)
-    dataset = None
-    if ctx.is_main:  # rank 0 fills the cache; the others then read it
-        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
-                                                                 data_config))
-    barrier(ctx)
-    if dataset is None:
-        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
-                                                                 data_config))
-    return dataset, data_config
-
-
-def _micro_batches(dataset, collator, config: PretrainConfig, start: tuple[int, int]):
-    """Endless (epoch, block, batch) of unmasked global micro-batches from `start` on."""
-    from torch.utils.data import DataLoader, IterableDataset
-
-    loader_rng = torch.Generator().manual_seed(config.seed)  # never the global RNG
-    common = {"collate_fn": collator.collate, "num_workers": config.num_workers,
-              "generator": loader_rng}
-    epoch, block = start
-    if not isinstance(dataset, IterableDataset):
-        sampler = GlobalBatchSampler(len(dataset), config.micro_batch, seed=config.seed)
-        if block >= sampler.batches_per_epoch:  # saved right at the end of an epoch
-            epoch, block = epoch + 1, 0
-        sampler.start = (epoch, block)
-        for batch in DataLoader(dataset, batch_sampler=sampler, **common):
-            yield epoch, block, batch
-            block += 1
-            if block == sampler.batches_per_epoch:
-                epoch, block = epoch + 1, 0
-        return
-    while True:  # streaming: replay the epoch's stream up to the saved block
-        dataset.set_epoch(epoch)
-        produced = 0
-        for i, batch in enumerate(DataLoader(dataset, batch_size=config.micro_batch,
-                                             drop_last=True, **common)):
-            produced += 1
-            if i >= block:
-                yield epoch, i, batch
-        if produced == 0:
-            raise FolnetError(f"--data yields fewer than one micro-batch of "
-                              f"{config.micro_batch} sequences; lower --batch-size")
-        epoch, block = epoch + 1, 0
-
-
 # -- the loop ----------------------------------------------------------------------------------
 
 
-def _accumulate(engine, micro: list[dict[str, torch.Tensor]], config: PretrainConfig,
-                ctx: DistContext, scaler, rows: slice, window: torch.Tensor) -> None:
+def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config: PretrainConfig,
+                ctx: DistContext, scaler: torch.amp.GradScaler, rows: slice,
+                window: torch.Tensor) -> None:
     """Forward and backward over one step's micro-batches; add loss and accuracy sums to
     `window` = [mlm loss sum, nsp loss sum, mlm correct, nsp correct, mlm targets, sequences]."""
     n_masked = max(1, sum(int((b["mlm_labels"] != -100).sum()) for b in micro))
     for i, batch in enumerate(micro):
+        # this rank's rows: [b, T] inputs and labels, [b] nsp_labels
         local = {k: v[rows].to(ctx.device, non_blocking=True) for k, v in batch.items()}
         with gradient_sync(engine, i == len(micro) - 1):
             with autocast(config.precision, ctx.device):
@@ -241,7 +163,8 @@ def _accumulate(engine, micro: list[dict[str, torch.Tensor]], config: PretrainCo
                 torch.tensor(float(nsp_logits.shape[0]), device=window.device).double()])
 
 
-def _optimizer_step(model, optimizer, scheduler, scaler, config: PretrainConfig,
+def _optimizer_step(model: nn.Module, optimizer: Optimizer, scheduler: LRScheduler,
+                    scaler: torch.amp.GradScaler, config: PretrainConfig,
                     want_norm: bool) -> float | None:
     """Unscale, clip, step, advance the schedule; the gradient norm when asked or clipping."""
     norm = None
@@ -269,10 +192,6 @@ def _record(window: list[float], *, step: int, lr: float, grad_norm: float | Non
 
 
 def _train(config: PretrainConfig, ctx: DistContext) -> Path:
-    from folnet.arch import build_model
-    from folnet.io import atomic_write_json
-    from folnet.train.data.masking import PretrainingCollator
-
     check_precision(config.precision, ctx.device)
     torch.use_deterministic_algorithms(config.deterministic)
     out = Path(config.out)
@@ -289,10 +208,10 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    tokenizer = _tokenizer(config, out, resume, ctx)
+    tokenizer = run_tokenizer(config, out, resume, ctx)
     if ctx.is_main:
         tokenizer.save(out / "tokenizer")
-    dataset, data_config = _dataset(config, tokenizer, out, ctx)
+    dataset, data_config = run_dataset(config, tokenizer, out, ctx)
     collator = PretrainingCollator.from_config(tokenizer, data_config)
     model = build_model(config.ops, preset=config.preset, head="pretraining",
                         vocab_size=tokenizer.vocab_size, **config.model_overrides)
@@ -334,7 +253,7 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     if config.compile and ctx.device.type == "cpu":
         logger.message("note: on CPU the compiled encoder measured ~20% slower than the eager "
                        "fast path (README, Training)")
-    batches = _micro_batches(dataset, collator, config, (state["epoch"], state["block"]))
+    batches = micro_batches(dataset, collator, config, (state["epoch"], state["block"]))
     rows = shard_slice(config.micro_batch, ctx)
     window = torch.zeros(6, dtype=torch.float64, device=ctx.device)  # sums since the last log
     window_tokens, window_start = 0, time.perf_counter()
