@@ -14,8 +14,8 @@ from folnet.cli import main
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import load_tokenizer
 from folnet.train.engine.runlog import read_log
-from folnet.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
-from folnet.train.pretrain.config import default_config_path
+from folnet.train.pretrain.config import PretrainConfig, default_config_path, load_pretrain_config
+from folnet.train.pretrain.loop import pretrain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

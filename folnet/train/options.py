@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 from folnet import _toml
 from folnet.errors import FolnetError, choices
 
-__all__ = ["Options", "add_flags", "check_count", "given_flags", "load_layered", "option"]
+__all__ = ["Options", "add_flags", "check_count", "given_flags", "load_layered", "option",
+           "read_toml", "specs_file"]
 
 ConfigT = TypeVar("ConfigT", bound="Options")
 
@@ -34,6 +35,16 @@ _TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (f
                                        "bool": (bool,)}
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
 _METAVARS = {"str": "TEXT", "int": "N", "float": "X"}
+
+
+def specs_file(*parts: str) -> Path:
+    """A file of the bundled ``specs/`` directory (``$FOLNET_SPECS`` points elsewhere)."""
+    return _toml.specs_dir().joinpath(*parts)
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file as a dict; a missing or invalid file is a `FolnetError` naming it."""
+    return _toml.load(path)
 
 
 def option(default: Any, help_text: str, *, flag: str | None = None,
@@ -150,11 +161,11 @@ def load_layered(cls: type[ConfigT], defaults: Path, path: str | os.PathLike[str
     keys merge one by one across layers. Each layer is checked as it is added, so an unknown
     key names the file it came from.
     """
-    layers: list[tuple[str, Mapping[str, Any]]] = [(str(defaults), _toml.load(defaults))]
+    layers: list[tuple[str, Mapping[str, Any]]] = [(str(defaults), read_toml(defaults))]
     if path is not None:
         if not Path(path).is_file():
             raise FolnetError(f"--config {str(path)!r} does not exist")
-        layers.append((str(path), _toml.load(path)))
+        layers.append((str(path), read_toml(path)))
     if overrides:
         layers.append(("command line", dict(overrides)))
     merged: dict[str, Any] = {}

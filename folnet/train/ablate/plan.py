@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from folnet import _toml
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
 from folnet.train.data.documents import KINSHIP
+from folnet.train.options import read_toml, specs_file
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import family_of, get_task
 
@@ -217,7 +217,7 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> A
     just NAME) or the ``plan.json`` an ablation run writes into its output directory."""
     path = Path(path)
     if not path.is_file():
-        candidate = _toml.specs_dir() / "ablations" / f"{path.name}.toml"
+        candidate = specs_file("ablations", f"{path.name}.toml")
         if not path.suffix and candidate.is_file():
             path = candidate
         else:
@@ -228,5 +228,5 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> A
         except json.JSONDecodeError as exc:
             raise FolnetError(f"{path}: not valid JSON ({exc})") from None
     else:
-        data = _toml.load(path)
+        data = read_toml(path)
     return parse_plan_dict(data, source=str(path), overrides=overrides)

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,7 @@ def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dic
 
 
 def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
-            log=print) -> dict[str, Any]:
+            log: Callable[[str], None] = print) -> dict[str, Any]:
     """Pretrain and finetune one row (resuming whatever is already done)."""
     row_dir = out / "rows" / row.slug
     done = row_dir / "result.json"

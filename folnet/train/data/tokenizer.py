@@ -38,6 +38,11 @@ def _missing_specials(tokenizer: Tokenizer) -> list[str]:
     return [tok for tok in SPECIAL_TOKENS if tokenizer.token_to_id(tok) is None]
 
 
+def _special_id(token: str) -> property:
+    """A read-only property: the id of the special ``token``."""
+    return property(lambda self: self._ids[token], doc=f"The id of {token}.")
+
+
 class FolnetTokenizer:
     """A `tokenizers.Tokenizer` with BERT special tokens, pair layout and a fingerprint.
 
@@ -65,25 +70,11 @@ class FolnetTokenizer:
         self._fingerprint: str | None = None
 
     # -- special ids -------------------------------------------------------------------------
-    @property
-    def pad_id(self) -> int:
-        return self._ids[_PAD]
-
-    @property
-    def unk_id(self) -> int:
-        return self._ids[_UNK]
-
-    @property
-    def cls_id(self) -> int:
-        return self._ids[_CLS]
-
-    @property
-    def sep_id(self) -> int:
-        return self._ids[_SEP]
-
-    @property
-    def mask_id(self) -> int:
-        return self._ids[_MASK]
+    pad_id = _special_id(_PAD)
+    unk_id = _special_id(_UNK)
+    cls_id = _special_id(_CLS)
+    sep_id = _special_id(_SEP)
+    mask_id = _special_id(_MASK)
 
     @property
     def special_ids(self) -> frozenset[int]:

@@ -27,7 +27,7 @@ import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from folnet.io import atomic_write_dir, discard_dir
 
 __all__ = [
     "TRAINER_FILE",
+    "Saveable",
     "capture_rng",
     "checkpoint_dir",
     "describe",
@@ -141,8 +142,15 @@ def _as_python_state(value: Any) -> tuple:
 # -- saving ------------------------------------------------------------------------------------
 
 
+class Saveable(Protocol):
+    """What writes itself into a checkpoint directory (the tokenizer: tokenizer.json,
+    vocab.txt)."""
+
+    def save(self, directory: str | os.PathLike[str]) -> Any: ...
+
+
 def save_checkpoint(out: str | os.PathLike[str], step: int, *,
-                    write_model: Callable[[Path], None], tokenizer: Any,
+                    write_model: Callable[[Path], None], tokenizer: Saveable,
                     trainer_state: Mapping[str, Any], keep_last: int) -> Path:
     """Write ``OUT/checkpoints/step_{step}`` atomically, then keep only the last `keep_last`.
 

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import FolnetModel
 from folnet.io import atomic_write_dir
 from folnet.train.engine import checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
 
-__all__ = ["publish_final", "restore_training_state", "save_training_checkpoint",
+__all__ = ["Stateful", "publish_final", "restore_training_state", "save_training_checkpoint",
            "write_model_fn"]
 
 
@@ -48,7 +50,7 @@ def write_model_fn(model: nn.Module, engine: nn.Module, extra: Mapping[str, Any]
     return lambda directory: source.save_pretrained(directory, dict(extra))
 
 
-def _optimizer_state(engine: nn.Module, optimizer, fsdp: bool) -> dict[str, Any]:
+def _optimizer_state(engine: nn.Module, optimizer: Optimizer, fsdp: bool) -> dict[str, Any]:
     if not fsdp:
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import (
@@ -60,8 +62,18 @@ def _optimizer_state(engine: nn.Module, optimizer, fsdp: bool) -> dict[str, Any]
         full_state_dict=True, cpu_offload=True))
 
 
-def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module, optimizer,
-                             scheduler, scaler, collator, tokenizer, ctx: DistContext,
+class Stateful(Protocol):
+    """What a checkpoint keeps of an object besides the model (the MLM collator's generator)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module,
+                             optimizer: Optimizer, scheduler: LRScheduler,
+                             scaler: torch.amp.GradScaler, collator: Stateful,
+                             tokenizer: ckpt.Saveable, ctx: DistContext,
                              state: Mapping[str, Any], extra: Mapping[str, Any],
                              keep_last: int, fsdp: bool) -> None:
     """Every rank contributes (RNG states, FSDP shards); rank 0 writes; all wait for it."""
@@ -81,8 +93,10 @@ def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module, 
     barrier(ctx)
 
 
-def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module, optimizer,
-                           scheduler, scaler, collator, ctx: DistContext, fsdp: bool) -> None:
+def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module,
+                           optimizer: Optimizer, scheduler: LRScheduler,
+                           scaler: torch.amp.GradScaler, collator: Stateful, ctx: DistContext,
+                           fsdp: bool) -> None:
     """Load optimiser, scheduler, scaler and collator states, then this rank's RNG states.
     Call it last before the loop: nothing may draw random numbers in between."""
     if fsdp:
@@ -109,7 +123,7 @@ def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module, opt
         torch.manual_seed(int(trainer["step"]) * 7919 + ctx.rank)
 
 
-def publish_final(out: Path, write: Callable[[Path], Any], tokenizer: Any) -> Path:
+def publish_final(out: Path, write: Callable[[Path], Any], tokenizer: ckpt.Saveable) -> Path:
     """Write ``OUT/final`` (model + tokenizer) atomically, replacing an earlier one."""
     def write_all(directory: Path) -> None:
         write(directory)

@@ -9,21 +9,6 @@
 * `heads` trains multiple-choice and token-classification heads from Python;
 * `cli` registers both commands.
 
-`finetune`, `FinetuneConfig` and `load_finetune_config` are importable from here; they are
-imported on first use, so that registering the commands does not load the training code.
+The package imports nothing itself: every ``folnet`` command imports ``cli`` to register
+itself, and that must not load the training code.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-__all__ = ["FinetuneConfig", "finetune", "load_finetune_config"]
-
-_HOMES = {"FinetuneConfig": "config", "load_finetune_config": "config", "finetune": "run"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

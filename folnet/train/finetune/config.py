@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from folnet import _toml
 from folnet.errors import FolnetError
 from folnet.train.data.kinship import MAX_K, MIN_K, TEST_K, TRAIN_K
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.optim import SCHEDULES
-from folnet.train.options import Options, load_layered, option
+from folnet.train.options import Options, load_layered, option, specs_file
 from folnet.train.tasks.base import TaskSpec
 
 __all__ = ["FinetuneConfig", "Hyper", "default_config_path", "load_finetune_config", "parse_ks"]
@@ -175,7 +174,7 @@ class FinetuneConfig(Options):
 
 
 def default_config_path() -> Path:
-    return _toml.specs_dir() / "train" / "finetune.toml"
+    return specs_file("train", "finetune.toml")
 
 
 def load_finetune_config(path: str | os.PathLike[str] | None = None,

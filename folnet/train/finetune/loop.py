@@ -57,7 +57,7 @@ def trim(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if mask is None:
         return dict(batch)
     length = int(mask.flatten(0, -2).sum(-1).max())
-    width = mask.shape[-1]
+    width = mask.shape[-1]  # T; per-token tensors are [..., T] -> [..., length]
     out = {}
     for key, value in batch.items():
         per_token = value.ndim == mask.ndim and value.shape[-1] == width
@@ -79,11 +79,11 @@ def batches(tensors: Mapping[str, torch.Tensor], batch_size: int, *, shuffle: bo
     if len(rows) != 1:
         raise FolnetError(f"batches: tensors have different row counts {sorted(rows)}")
     n = rows.pop()
-    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)  # [n]
     stop = n - n % batch_size if drop_last else n
     starts = list(range(0, stop, batch_size))
     if shuffle and group_by_length and "attention_mask" in tensors:
-        lengths = tensors["attention_mask"].flatten(1).sum(-1)
+        lengths = tensors["attention_mask"].flatten(1).sum(-1)  # [n] real tokens per row
         span = 50 * batch_size
         order = torch.cat([chunk[torch.argsort(lengths[chunk], descending=True, stable=True)]
                            for chunk in order[:stop].split(span)] + [order[stop:]])
@@ -94,6 +94,7 @@ def batches(tensors: Mapping[str, torch.Tensor], batch_size: int, *, shuffle: bo
 
 
 def num_batches(rows: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many batches `batches` cuts ``rows`` rows into."""
     return rows // batch_size if drop_last else -(-rows // batch_size)
 
 

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from folnet import _toml
 from folnet.errors import FolnetError, choices
 from folnet.train.data.config import OBJECTIVES
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
-from folnet.train.options import Options, load_layered, option
+from folnet.train.options import Options, load_layered, option, specs_file
 
 __all__ = ["MODEL_KEYS", "RESUME_FREE", "PretrainConfig", "default_config_path",
            "load_pretrain_config"]
@@ -141,7 +140,7 @@ class PretrainConfig(Options):
 
 
 def default_config_path() -> Path:
-    return _toml.specs_dir() / "train" / "pretrain.toml"
+    return specs_file("train", "pretrain.toml")
 
 
 def load_pretrain_config(path: str | os.PathLike[str] | None = None,

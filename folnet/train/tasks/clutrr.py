@@ -21,10 +21,7 @@ from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.registry import TaskFamily, read_files
 
-__all__ = ["CLUTRR", "CLUTRR_DEFAULTS", "FAMILY", "clutrr_labels", "question", "read_clutrr"]
-
-#: The paper's CLUTRR recipe (Table 7): 100 epochs, lr 5e-5, batch 16.
-CLUTRR_DEFAULTS = FinetuneDefaults(epochs=100, lr=5e-5, batch_size=16)
+__all__ = ["CLUTRR", "FAMILY", "clutrr_labels", "question", "read_clutrr"]
 
 CLUTRR = TaskSpec(
     name="clutrr",
@@ -35,7 +32,7 @@ CLUTRR = TaskSpec(
     splits=(("train", ("*_train.csv",)), ("test", ("*_test.csv",))),
     eval_splits=("test",),
     seq_len=256,
-    defaults=CLUTRR_DEFAULTS,
+    defaults=FinetuneDefaults(epochs=100, lr=5e-5, batch_size=16),
 )
 
 _COLUMNS = ("story", "query", "target")
