@@ -1,8 +1,9 @@
 """Streaming pretraining examples: corpora larger than memory, read document by document.
 
-Same pairing as the map-style `folnet.train.corpus.PretrainingDataset`, but documents are read
-lazily (`folnet.train.data.documents.iter_documents`), "other document" segments for NSP come from a
-window of nearby documents, and examples pass through a shuffle buffer. Nothing is cached.
+Same pairing as the map-style `folnet.train.data.corpus.PretrainingDataset` (both use
+`folnet.train.data.pairs`), but documents are read lazily, "other document" segments for NSP
+come from a window of nearby documents, and examples pass through a shuffle buffer. Nothing is
+cached.
 """
 
 from __future__ import annotations

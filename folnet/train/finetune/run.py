@@ -1,7 +1,7 @@
 """``folnet finetune``: a pretrained FOLNet finetuned on one task over one or more seeds.
 
 `finetune(config)` reads and encodes the task's splits once, then for every seed builds the
-task head over the checkpoint's encoder, trains it (`finetune_loop.finetune_model`), scores
+task head over the checkpoint's encoder, trains it (`finetune.loop.finetune_model`), scores
 it on the evaluation splits and writes its predictions. The headline of ``OUT/eval.json`` is
 the median over seeds of every metric, as the paper reports its GLUE/SQuAD/FOLIO numbers
 (median of five); the model of the seed closest to that median is kept as ``OUT/model``, so

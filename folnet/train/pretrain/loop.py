@@ -1,6 +1,6 @@
 """The pretraining loop: tokenizer -> dataset -> model -> LAMB/AdamW -> steps -> checkpoints.
 
-`pretrain(config)` is what ``folnet pretrain`` (and ``torchrun ... -m folnet.cli pretrain``)
+`pretrain(config)` is what ``folnet pretrain`` (and ``torchrun ... -m folnet.train.pretrain``)
 runs. One optimiser step consumes ``batch_size`` sequences: ``grad_accum`` global
 micro-batches, each split evenly over the processes (see `folnet.train.engine.distributed`).
 
