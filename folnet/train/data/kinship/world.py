@@ -21,6 +21,8 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from folnet.errors import FolnetError
+
 MALE, FEMALE = "m", "f"
 
 #: Relation kinds in the order `relatives` reports them, each with its (male, female) word.
@@ -107,9 +109,9 @@ class FamilyTree:
     def add_person(self, name: str, gender: str) -> int:
         """A new person with no recorded parents (a founder or someone marrying in)."""
         if gender not in (MALE, FEMALE):
-            raise ValueError(f"gender must be {MALE!r} or {FEMALE!r}, got {gender!r}")
+            raise FolnetError(f"gender must be {MALE!r} or {FEMALE!r}, got {gender!r}")
         if name in self.names:
-            raise ValueError(f"name {name!r} is already used in this tree")
+            raise FolnetError(f"name {name!r} is already used in this tree")
         self.names.append(name)
         self.genders.append(gender)
         self.spouse.append(None)
@@ -120,9 +122,9 @@ class FamilyTree:
     def marry(self, a: int, b: int) -> int:
         """Marry two unmarried people of different genders; returns their new household."""
         if self.spouse[a] is not None or self.spouse[b] is not None:
-            raise ValueError(f"{self.names[a]} or {self.names[b]} is already married")
+            raise FolnetError(f"{self.names[a]} or {self.names[b]} is already married")
         if self.genders[a] == self.genders[b]:
-            raise ValueError("this world only has husband-and-wife couples")
+            raise FolnetError("this world only has husband-and-wife couples")
         husband, wife = (a, b) if self.genders[a] == MALE else (b, a)
         self.spouse[a], self.spouse[b] = b, a
         self.couples.append((husband, wife))
