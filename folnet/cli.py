@@ -40,8 +40,8 @@ def _load_subcommands() -> None:
     """Import the modules that register the heavier sub-commands (arch, train)."""
     import importlib
 
-    for module in ("folnet.arch.cli", "folnet.train.cli", "folnet.train.finetune_cli",
-                   "folnet.train.ablate_cli"):
+    for module in ("folnet.arch.cli", "folnet.train.pretrain.cli", "folnet.train.finetune.cli",
+                   "folnet.train.ablate.cli"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

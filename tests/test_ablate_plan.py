@@ -6,7 +6,7 @@ import pytest
 
 import folnet
 from folnet.cli import main as cli_main
-from folnet.train.ablate_plan import load_plan, parse_plan_dict
+from folnet.train.ablate.plan import load_plan, parse_plan_dict
 
 BASE = {
     "name": "t",

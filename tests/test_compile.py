@@ -9,7 +9,7 @@ import torch
 
 import folnet
 from folnet.cli import main
-from folnet.train.runlog import read_log
+from folnet.train.engine.runlog import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

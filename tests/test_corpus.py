@@ -16,16 +16,12 @@ from torch.utils.data import DataLoader
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from folnet.errors import FolnetError
-from folnet.train.corpus import (
-    PretrainDataConfig,
-    PretrainingDataset,
-    build_pretraining_dataset,
-    iter_documents,
-    split_sentences,
-)
-from folnet.train.corpus_stream import StreamingPretrainingDataset, iter_pretraining_examples
-from folnet.train.textsource import stdlib_docstrings, write_english_corpus
-from folnet.train.tokenizer import train_tokenizer
+from folnet.train.data.config import PretrainDataConfig
+from folnet.train.data.corpus import PretrainingDataset, build_pretraining_dataset
+from folnet.train.data.documents import iter_documents, split_sentences
+from folnet.train.data.streaming import StreamingPretrainingDataset, iter_pretraining_examples
+from folnet.train.data.textsource import stdlib_docstrings, write_english_corpus
+from folnet.train.data.tokenizer import train_tokenizer
 
 STORY = re.compile(r"story (\d+) line (\d+) is here")
 
@@ -149,7 +145,7 @@ def test_every_source_format_reads_the_same_documents(tmp_path):
 
 
 def test_kinship_source(tok):
-    from folnet.train.kinship import pretraining_documents
+    from folnet.train.data.kinship import pretraining_documents
 
     assert list(iter_documents("kinship", kinship_documents=20, seed=4)) == [
         [" ".join(s.split()) for s in doc] for doc in pretraining_documents(20, seed=4)

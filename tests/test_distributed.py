@@ -14,8 +14,13 @@ from safetensors.torch import load_file
 
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.train.distributed import DistContext, GlobalBatchSampler, shard_slice
-from folnet.train.runlog import read_log
+from folnet.train.engine.distributed import (
+    DistContext,
+    GlobalBatchSampler,
+    resolve_device,
+    shard_slice,
+)
+from folnet.train.engine.runlog import read_log
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
@@ -42,6 +47,28 @@ def test_rank_shards_tile_the_global_micro_batch():
         shard_slice(10, DistContext(rank=0, world_size=3))
 
 
+def test_resolve_device_names_what_it_cannot_give(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        for name in ("cuda", "cuda:0"):  # asked for and absent: refused now, not at first use
+            with pytest.raises(FolnetError, match=f"--device '{name}' was requested but CUDA"):
+                resolve_device(name)
+    with pytest.raises(FolnetError, match=r"--device 'gpu' is not a torch device \(use auto"):
+        resolve_device("gpu")
+    # On a machine with two GPUs: auto and cuda give each torchrun process the GPU of its
+    # local rank; cuda:N is GPU N, and a GPU that is not there is named with the limit.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("auto", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda", local_rank=3) == torch.device("cuda", 1)
+    assert resolve_device("cuda:1", local_rank=0) == torch.device("cuda", 1)
+    with pytest.raises(FolnetError, match=r"'cuda:2': this machine has 2 CUDA device\(s\), "
+                                          r"cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -51,8 +78,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A fixed tokenizer and the single-process reference run (dropout 0)."""
-    from folnet.train.kinship import pretraining_documents
-    from folnet.train.tokenizer import train_tokenizer
+    from folnet.train.data.kinship import pretraining_documents
+    from folnet.train.data.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("ddp")
     texts = [s for d in pretraining_documents(60, seed=0) for s in d]

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import folnet
-import folnet.train.finetune_cli  # registers the finetune and evaluate commands
+import folnet.train.finetune.cli  # registers the finetune and evaluate commands
 from folnet.cli import main
-from folnet.train.evaluate import read_predictions
-from folnet.train.runlog import read_log
-from folnet.train.tokenizer import load_tokenizer, train_tokenizer
+from folnet.train.data.tokenizer import load_tokenizer, train_tokenizer
+from folnet.train.engine.runlog import read_log
+from folnet.train.finetune.evaluate import read_predictions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,20 +11,20 @@ import pytest
 import torch
 
 import folnet
-import folnet.train.finetune_cli  # registers the finetune and evaluate commands
+import folnet.train.finetune.cli  # registers the finetune and evaluate commands
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.train.finetune_config import FinetuneConfig, load_finetune_config
-from folnet.train.finetune_data import resolve_task
-from folnet.train.finetune_heads import (
+from folnet.train.data.tokenizer import load_tokenizer, train_tokenizer
+from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
+from folnet.train.finetune.data import resolve_task
+from folnet.train.finetune.heads import (
     encode_token_classification,
     finetune_multiple_choice,
     finetune_token_classification,
     predict_multiple_choice,
     predict_token_classification,
 )
-from folnet.train.finetune_loop import LoopSettings, batches, trim
-from folnet.train.tokenizer import load_tokenizer, train_tokenizer
+from folnet.train.finetune.loop import LoopSettings, batches, trim
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

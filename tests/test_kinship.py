@@ -11,7 +11,7 @@ from collections import Counter, deque
 import pytest
 
 from folnet.errors import FolnetError
-from folnet.train.kinship import (
+from folnet.train.data.kinship import (
     FACT_TEMPLATES,
     MAX_K,
     KinshipExample,
@@ -20,7 +20,7 @@ from folnet.train.kinship import (
     reasoning_examples,
     systematic_split,
 )
-from folnet.train.kinship_world import (
+from folnet.train.data.kinship.world import (
     BASE_KINDS,
     FEMALE,
     FEMALE_NAMES,

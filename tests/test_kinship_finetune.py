@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import folnet.train.finetune_cli  # noqa: F401  (registers the finetune/evaluate commands)
+import folnet.train.finetune.cli  # noqa: F401  (registers the finetune/evaluate commands)
 from folnet.cli import main
-from folnet.train.evaluate import read_predictions
-from folnet.train.kinship import RELATIONS
-from folnet.train.kinship_task import kinship_metrics
+from folnet.train.data.kinship import RELATIONS
+from folnet.train.finetune.evaluate import read_predictions
+from folnet.train.tasks.kinship import kinship_metrics
 
 # the shipped laptop recipe: j.at, tiny preset with D2 = 8, F2 = 16, std 0.15, no dropout;
 # 800 steps of batch 32 over 2,000 kinship documents

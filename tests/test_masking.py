@@ -7,10 +7,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from folnet.errors import FolnetError
-from folnet.train.corpus import PretrainDataConfig, build_pretraining_dataset
-from folnet.train.masking import IGNORE_INDEX, PretrainingCollator, SpecialIds, mask_tokens
-from folnet.train.textsource import write_english_corpus
-from folnet.train.tokenizer import train_tokenizer
+from folnet.train.data.config import PretrainDataConfig
+from folnet.train.data.corpus import build_pretraining_dataset
+from folnet.train.data.masking import IGNORE_INDEX, PretrainingCollator, SpecialIds, mask_tokens
+from folnet.train.data.textsource import write_english_corpus
+from folnet.train.data.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")

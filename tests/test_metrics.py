@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from folnet.errors import FolnetError
-from folnet.train.metrics import (
+from folnet.train.tasks import parse_squad
+from folnet.train.tasks.metrics import (
     accuracy,
     compute_metrics,
     f1_binary,
@@ -22,7 +23,6 @@ from folnet.train.metrics import (
     squad_exact,
     squad_f1,
 )
-from folnet.train.tasks import parse_squad
 
 # predictions / labels shared by the binary tests:
 #   pos:    0  1  2  3  4

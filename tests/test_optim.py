@@ -11,8 +11,8 @@ import torch
 
 import folnet
 from folnet.errors import FolnetError
-from folnet.train.amp import autocast, check_precision, make_grad_scaler
-from folnet.train.optim import (
+from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
+from folnet.train.engine.optim import (
     Lamb,
     WarmupDecay,
     build_optimizer,

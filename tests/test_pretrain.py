@@ -12,10 +12,10 @@ import torch
 import folnet
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.train.pretrain import PretrainConfig, load_pretrain_config, pretrain
-from folnet.train.pretrain_config import default_config_path
-from folnet.train.runlog import read_log
-from folnet.train.tokenizer import load_tokenizer
+from folnet.train.data.tokenizer import load_tokenizer
+from folnet.train.engine.runlog import read_log
+from folnet.train.pretrain.config import PretrainConfig, default_config_path, load_pretrain_config
+from folnet.train.pretrain.loop import pretrain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -167,10 +167,11 @@ def unigram_entropy(dataset, collator) -> tuple[float, float]:
 
 
 def test_mlm_loss_falls_well_below_the_unigram_entropy_on_english(tmp_path):
-    from folnet.train.corpus import PretrainDataConfig, build_pretraining_dataset
-    from folnet.train.masking import PretrainingCollator
-    from folnet.train.textsource import write_english_corpus
-    from folnet.train.tokenizer import train_tokenizer
+    from folnet.train.data.config import PretrainDataConfig
+    from folnet.train.data.corpus import build_pretraining_dataset
+    from folnet.train.data.masking import PretrainingCollator
+    from folnet.train.data.textsource import write_english_corpus
+    from folnet.train.data.tokenizer import train_tokenizer
 
     corpus = write_english_corpus(tmp_path / "english.txt", max_bytes=1_500_000)
     assert corpus.stat().st_size > 1_000_000

@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 import folnet
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.train import checkpoints as ckpt
-from folnet.train.runlog import read_log
-from folnet.train.tokenizer import load_tokenizer
+from folnet.train.data.tokenizer import load_tokenizer
+from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine.runlog import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,8 +30,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
 def kin_tokenizer(tmp_path_factory) -> str:
     """One tokenizer for every run: WordPiece training orders equal-count tokens by hash, so
     two trainings in two processes may number the vocabulary differently."""
-    from folnet.train.kinship import pretraining_documents
-    from folnet.train.tokenizer import train_tokenizer
+    from folnet.train.data.kinship import pretraining_documents
+    from folnet.train.data.tokenizer import train_tokenizer
 
     texts = [s for d in pretraining_documents(60, seed=0) for s in d]
     path = tmp_path_factory.mktemp("tok")

@@ -10,7 +10,6 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from folnet.errors import FolnetError
-from folnet.train.metrics import normalize_answer, squad_evaluate
 from folnet.train.tasks import (
     SquadAnswer,
     SquadExample,
@@ -19,6 +18,7 @@ from folnet.train.tasks import (
     postprocess_predictions,
     read_split,
 )
+from folnet.train.tasks.metrics import normalize_answer, squad_evaluate
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 FILLER = "The river flows past old stone bridges and quiet green fields. "

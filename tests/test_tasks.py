@@ -16,8 +16,10 @@ from folnet.train.tasks import (
     TASKS,
     Example,
     encode_examples,
+    family_of,
     get_task,
     read_split,
+    register_family,
     truncate_longest_first,
 )
 
@@ -50,10 +52,16 @@ def tsv(*rows: tuple[str, ...]) -> str:
 
 
 def test_registry_table() -> None:
-    assert set(TASKS) == {
+    assert list(TASKS) == [
         "glue/mnli", "glue/qqp", "glue/qnli", "glue/sst2", "glue/cola", "glue/stsb",
-        "glue/mrpc", "glue/rte", "squad2", "folio", "clutrr",
-    }  # fmt: skip
+        "glue/mrpc", "glue/rte", "squad2", "folio", "clutrr", "kinship",
+    ]  # fmt: skip
+    # every task is read, encoded and scored by its registered family; only kinship's is
+    # generated (no data directory)
+    assert {name: family_of(name).name for name in TASKS} == {
+        name: name.split("/")[0] for name in TASKS}
+    assert [name for name in TASKS if family_of(name).generated] == ["kinship"]
+    assert family_of("squad2").official is not None and family_of("glue/rte").official is None
     mnli = get_task("glue/mnli")
     assert mnli.eval_splits == ("validation_matched", "validation_mismatched")
     assert mnli.split_files("validation_mismatched") == ("dev_mismatched.tsv",)
@@ -83,6 +91,22 @@ def test_registry_table() -> None:
         get_task("glue/sts")
     with pytest.raises(FolnetError, match=r"has no split 'dev'.*'validation'"):
         get_task("glue/rte").split_files("dev")
+
+
+def test_kinship_is_read_through_the_registry_like_every_task() -> None:
+    options = {"kinship_train_size": 10, "kinship_test_per_k": 2, "kinship_test_k": [2, 5],
+               "data_seed": 3, "seed": 99}  # the run's seed does not choose the questions
+    test = read_split("kinship", None, "test", options)
+    assert test.task is TASKS["kinship"] and test.source == "generated"
+    assert test.columns["k"] == (2, 2, 5, 5)
+    assert [ex.guid for ex in test.examples] == ["test-0-k2", "test-1-k2", "test-2-k5",
+                                                 "test-3-k5"]
+    assert all(ex.label in TASKS["kinship"].labels for ex in test.examples)
+    again = read_split("kinship", None, "test", {**options, "seed": 0})
+    assert again.examples == test.examples
+    assert test.head(3).columns["k"] == (2, 2, 5) and len(test.head(3).examples) == 3
+    with pytest.raises(FolnetError, match="'kinship' is already registered"):
+        register_family(family_of("kinship"))
 
 
 # ------------------------------------------------------------------------------ GLUE

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from folnet.errors import FolnetError
-from folnet.train.textsource import stdlib_docstrings
-from folnet.train.tokenizer import (
+from folnet.train.data.textsource import stdlib_docstrings
+from folnet.train.data.tokenizer import (
     SPECIAL_TOKENS,
     FolnetTokenizer,
     load_tokenizer,
@@ -178,8 +178,8 @@ def test_train_errors(tmp_path):
 
 _TRAIN_AND_PRINT = """
 import json, sys
-from folnet.train.kinship import pretraining_documents
-from folnet.train.tokenizer import train_tokenizer
+from folnet.train.data.kinship import pretraining_documents
+from folnet.train.data.tokenizer import train_tokenizer
 docs = pretraining_documents(300)
 tok = train_tokenizer(texts=(s for d in docs for s in d), vocab_size=400)
 print(json.dumps(tok.vocab()))
@@ -198,7 +198,7 @@ def test_training_is_deterministic_across_processes():
     assert len(vocabs[0]) == 400 and vocabs[0][:5] == list(SPECIAL_TOKENS)
     assert vocabs[0] == vocabs[1] == vocabs[2]
     # the pieces registered to fix the ids are ordinary word pieces, not special tokens
-    from folnet.train.kinship import pretraining_documents
+    from folnet.train.data.kinship import pretraining_documents
 
     docs = pretraining_documents(300)
     tok = train_tokenizer(texts=[s for d in docs for s in d], vocab_size=400)

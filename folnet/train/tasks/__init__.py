@@ -1,5 +1,7 @@
-"""Finetuning tasks: registry, readers for the published file formats, and input encoding.
+"""Finetuning tasks: the registry, readers for the published file formats, encoding, metrics.
 
+Every task belongs to a `TaskFamily` (GLUE, SQuAD 2.0, FOLIO, CLUTRR and the generated kinship
+task) that reads, encodes and scores it; the families are registered here, in this order.
 Typical use::
 
     data = read_split("glue/rte", "glue_data/RTE", "train")
@@ -11,19 +13,16 @@ its label set from its train file; always encode with ``data.task``.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
-
+from folnet.train.tasks import clutrr, folio, glue, kinship, squad
 from folnet.train.tasks.base import (
-    TASKS,
+    EncodedSplit,
     Example,
     FinetuneDefaults,
+    SplitData,
     TaskSpec,
     find_split_files,
-    get_task,
 )
-from folnet.train.tasks.clutrr import clutrr_labels, read_clutrr
+from folnet.train.tasks.clutrr import clutrr_labels
 from folnet.train.tasks.encode import (
     IGNORE_INDEX,
     SpecialIds,
@@ -32,8 +31,14 @@ from folnet.train.tasks.encode import (
     special_ids,
     truncate_longest_first,
 )
-from folnet.train.tasks.folio import read_folio
-from folnet.train.tasks.glue import read_glue
+from folnet.train.tasks.registry import (
+    TASKS,
+    TaskFamily,
+    family_of,
+    get_task,
+    read_split,
+    register_family,
+)
 from folnet.train.tasks.squad import (
     SquadAnswer,
     SquadExample,
@@ -45,9 +50,13 @@ from folnet.train.tasks.squad import (
     read_squad,
 )
 
+for _family in (glue.FAMILY, squad.FAMILY, folio.FAMILY, clutrr.FAMILY, kinship.FAMILY):
+    register_family(_family)
+
 __all__ = [
     "IGNORE_INDEX",
     "TASKS",
+    "EncodedSplit",
     "Example",
     "FinetuneDefaults",
     "SpecialIds",
@@ -55,10 +64,12 @@ __all__ = [
     "SquadAnswer",
     "SquadExample",
     "SquadFeature",
+    "TaskFamily",
     "TaskSpec",
     "clutrr_labels",
     "encode_examples",
     "encode_squad",
+    "family_of",
     "features_to_tensors",
     "find_split_files",
     "get_task",
@@ -66,37 +77,8 @@ __all__ = [
     "parse_squad",
     "postprocess_predictions",
     "read_split",
+    "read_squad",
+    "register_family",
     "special_ids",
     "truncate_longest_first",
 ]
-
-
-@dataclass(frozen=True)
-class SplitData:
-    """One split as read: the task (with any data-derived labels filled in), the files it came
-    from, and its examples (`Example`s, or `SquadExample`s for ``squad2``)."""
-
-    task: TaskSpec
-    split: str
-    paths: tuple[Path, ...]
-    examples: tuple[Example, ...] | tuple[SquadExample, ...]
-
-
-def read_split(task: TaskSpec | str, data_dir: str | Path, split: str) -> SplitData:
-    """Read ``split`` of ``task`` from the published files under ``data_dir``."""
-    spec = get_task(task)
-    paths = find_split_files(spec, data_dir, split)
-    if spec.family == "glue":
-        examples: list = read_glue(spec, paths[0], split)
-    elif spec.family == "squad2":
-        examples = read_squad(paths[0])
-    elif spec.family == "folio":
-        examples = read_folio(spec, paths[0], split)
-    elif spec.family == "clutrr":
-        if spec.labels is None:
-            train_paths = paths if split == "train" else find_split_files(spec, data_dir, "train")
-            spec = dataclasses.replace(spec, labels=clutrr_labels(train_paths))
-        examples = read_clutrr(spec, paths, split)
-    else:  # pragma: no cover - every registered family is handled above
-        raise AssertionError(spec.family)
-    return SplitData(spec, split, tuple(paths), tuple(examples))

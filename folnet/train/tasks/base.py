@@ -1,19 +1,27 @@
-"""Task specifications: what each finetuning task is, where its files are, how it is scored.
+"""What a finetuning task is and what flows through it: task specifications, examples, splits.
 
 A `TaskSpec` is plain frozen data so that a training run can record exactly which task
-definition it used; the readers (glue.py, squad.py, folio.py, clutrr.py) and the encoder
-(encode.py) are functions of it. Hyper-parameter defaults come from Table 7 of the FOLNet
-paper; every task shares the optimiser settings (Adam eps 1e-6, betas (0.9, 0.999), weight
-decay 0.01, dropout 0.1, 6% linear warmup then linear decay) and differs in epochs, peak
-learning rate and batch size.
+definition it used; each family of tasks (glue.py, squad.py, folio.py, clutrr.py, kinship.py)
+declares its specs and the functions that read, encode and score them (`registry.TaskFamily`).
+A split travels as `SplitData` (examples as read) and then as `EncodedSplit` (model inputs).
+Hyper-parameter defaults come from Table 7 of the FOLNet paper; every task shares the optimiser
+settings (Adam eps 1e-6, betas (0.9, 0.999), weight decay 0.01, dropout 0.1, 6% linear warmup
+then linear decay) and differs in epochs, peak learning rate and batch size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from folnet.errors import FolnetError, choices
+
+__all__ = ["KINDS", "EncodedSplit", "Example", "FinetuneDefaults", "SplitData", "TaskSpec",
+           "find_split_files"]
 
 KINDS = ("classification", "regression", "qa")
 
@@ -33,23 +41,17 @@ class FinetuneDefaults:
     schedule: str = "linear"
 
 
-GLUE_SMALL = FinetuneDefaults(epochs=10, lr=1e-4, batch_size=16)
-GLUE_BIG = FinetuneDefaults(epochs=3, lr=8e-5, batch_size=32)
-SQUAD_DEFAULTS = FinetuneDefaults(epochs=2, lr=9e-5, batch_size=32)
-FOLIO_DEFAULTS = FinetuneDefaults(epochs=60, lr=7e-5, batch_size=16)
-CLUTRR_DEFAULTS = FinetuneDefaults(epochs=100, lr=5e-5, batch_size=16)
-
-
 @dataclass(frozen=True)
 class TaskSpec:
     """One finetuning task.
 
     ``splits`` maps a split name to the file names tried in order (glob patterns for CLUTRR,
     whose published files are named like ``1.2,1.3_train.csv``). ``labels`` is None for
-    regression, for QA, and for CLUTRR until its label set is read from the train file (see
-    `read_split`, which returns the task with ``labels`` filled in). ``data_subdir`` is the
-    directory name the task has inside the usual download layout (e.g. ``glue_data/RTE``); a
-    reader looks in ``data_dir`` first and then in ``data_dir/data_subdir``.
+    regression, for QA, and for CLUTRR until its label set is read from the train file (its
+    reader returns the task with ``labels`` filled in). ``data_subdir`` is the directory name
+    the task has inside the usual download layout (e.g. ``glue_data/RTE``); a reader looks in
+    ``data_dir`` first and then in ``data_dir/data_subdir``. ``family`` names the
+    `TaskFamily` that reads, encodes and scores the task (default: the name up to a "/").
     """
 
     name: str
@@ -127,114 +129,6 @@ class Example:
     label: str | float | None
 
 
-def _glue(
-    name: str,
-    labels: tuple[str, ...] | None,
-    metrics: tuple[str, ...],
-    subdir: str,
-    defaults: FinetuneDefaults,
-    mnli: bool = False,
-) -> TaskSpec:
-    if mnli:
-        splits = (
-            ("train", ("train.tsv",)),
-            ("validation_matched", ("dev_matched.tsv",)),
-            ("validation_mismatched", ("dev_mismatched.tsv",)),
-            ("test_matched", ("test_matched.tsv",)),
-            ("test_mismatched", ("test_mismatched.tsv",)),
-        )
-        eval_splits = ("validation_matched", "validation_mismatched")
-    else:
-        splits = (("train", ("train.tsv",)), ("validation", ("dev.tsv",)), ("test", ("test.tsv",)))
-        eval_splits = ("validation",)
-    return TaskSpec(
-        name=f"glue/{name}",
-        kind="regression" if labels is None else "classification",
-        labels=labels,
-        metrics=metrics,
-        main_metric=metrics[0],
-        splits=splits,
-        eval_splits=eval_splits,
-        seq_len=128,
-        defaults=defaults,
-        data_subdir=subdir,
-    )
-
-
-_BINARY = ("0", "1")
-_ENTAIL = ("entailment", "not_entailment")
-
-_TASK_LIST = (
-    _glue(
-        "mnli",
-        ("entailment", "neutral", "contradiction"),
-        ("accuracy",),
-        "MNLI",
-        GLUE_BIG,
-        mnli=True,
-    ),
-    _glue("qqp", _BINARY, ("accuracy", "f1"), "QQP", GLUE_BIG),
-    _glue("qnli", _ENTAIL, ("accuracy",), "QNLI", GLUE_BIG),
-    _glue("sst2", _BINARY, ("accuracy",), "SST-2", GLUE_BIG),
-    _glue("cola", _BINARY, ("mcc",), "CoLA", GLUE_SMALL),
-    _glue("stsb", None, ("pearson", "spearman"), "STS-B", GLUE_SMALL),
-    _glue("mrpc", _BINARY, ("accuracy", "f1"), "MRPC", GLUE_SMALL),
-    _glue("rte", _ENTAIL, ("accuracy",), "RTE", GLUE_SMALL),
-    TaskSpec(
-        name="squad2",
-        kind="qa",
-        labels=None,
-        metrics=("exact", "f1"),
-        main_metric="f1",
-        splits=(("train", ("train-v2.0.json",)), ("validation", ("dev-v2.0.json",))),
-        eval_splits=("validation",),
-        seq_len=384,
-        doc_stride=128,
-        defaults=SQUAD_DEFAULTS,
-    ),
-    TaskSpec(
-        name="folio",
-        kind="classification",
-        labels=("True", "False", "Unknown"),
-        metrics=("accuracy",),
-        main_metric="accuracy",
-        splits=(
-            ("train", ("folio-train.jsonl", "train.jsonl", "folio_v2_train.jsonl")),
-            (
-                "validation",
-                ("folio-validation.jsonl", "validation.jsonl", "folio_v2_validation.jsonl"),
-            ),
-        ),
-        eval_splits=("validation",),
-        seq_len=512,
-        defaults=FOLIO_DEFAULTS,
-    ),
-    TaskSpec(
-        name="clutrr",
-        kind="classification",
-        labels=None,
-        metrics=("accuracy",),
-        main_metric="accuracy",
-        splits=(("train", ("*_train.csv",)), ("test", ("*_test.csv",))),
-        eval_splits=("test",),
-        seq_len=256,
-        defaults=CLUTRR_DEFAULTS,
-    ),
-)
-
-TASKS: dict[str, TaskSpec] = {t.name: t for t in _TASK_LIST}
-
-
-def get_task(name: str | TaskSpec) -> TaskSpec:
-    """The registered task called ``name`` (a `TaskSpec` is passed through unchanged)."""
-    if isinstance(name, TaskSpec):
-        return name
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise FolnetError(f"unknown task {name!r}: expected {choices(TASKS)}") from None
-
-
 def _listing(directory: Path) -> str:
     if not directory.is_dir():
         return f"{str(directory)!r} is not a directory"
@@ -264,3 +158,57 @@ def find_split_files(task: TaskSpec, data_dir: str | Path, split: str) -> list[P
     raise FolnetError(
         f"{task.name} split {split!r}: expected the file {expected}; {_listing(data_dir)}"
     )
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """One split as read: the task (with any data-derived labels filled in), the files it came
+    from (none for a generated task), its examples (`Example`s, or what the family's encoder
+    takes, e.g. `SquadExample`s) and per-example ``columns`` that prediction files carry
+    along (the kinship task's chain length ``k``)."""
+
+    task: TaskSpec
+    split: str
+    paths: tuple[Path, ...]
+    examples: tuple[Any, ...]
+    columns: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """Where the examples came from, for messages: the files, or "generated"."""
+        return ", ".join(map(str, self.paths)) or "generated"
+
+    def head(self, limit: int | None) -> SplitData:
+        """The first ``limit`` examples (all when None), columns cut alike."""
+        if limit is None:
+            return self
+        return SplitData(self.task, self.split, self.paths, self.examples[:limit],
+                         {name: values[:limit] for name, values in self.columns.items()})
+
+
+@dataclass
+class EncodedSplit:
+    """One split ready for the model.
+
+    ``ids`` name the items a prediction file lists (example guids, or SQuAD question ids);
+    ``labels`` are their gold labels as read (label names, scores, or None when the split is
+    unlabelled); ``tensors`` are the model inputs, one row per item -- per window for SQuAD.
+    ``columns`` go into the prediction rows beside id, prediction and label; ``context`` is
+    what the family's scorer needs besides the outputs (SQuAD: the questions and the windows
+    that map the outputs back to them).
+    """
+
+    name: str
+    source: str
+    ids: list[str]
+    labels: list[Any]
+    tensors: dict[str, torch.Tensor]
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    context: Any = None
+
+    @property
+    def labelled(self) -> bool:
+        return any(label is not None for label in self.labels)
+
+    def __len__(self) -> int:
+        return len(self.ids)

@@ -17,7 +17,23 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from folnet.errors import FolnetError
-from folnet.train.tasks.base import Example, TaskSpec
+from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
+from folnet.train.tasks.classify import encode_split, score_split
+from folnet.train.tasks.registry import TaskFamily, read_files
+
+__all__ = ["CLUTRR", "FAMILY", "clutrr_labels", "question", "read_clutrr"]
+
+CLUTRR = TaskSpec(
+    name="clutrr",
+    kind="classification",
+    labels=None,
+    metrics=("accuracy",),
+    main_metric="accuracy",
+    splits=(("train", ("*_train.csv",)), ("test", ("*_test.csv",))),
+    eval_splits=("test",),
+    seq_len=256,
+    defaults=FinetuneDefaults(epochs=100, lr=5e-5, batch_size=16),
+)
 
 _COLUMNS = ("story", "query", "target")
 
@@ -87,7 +103,7 @@ def clutrr_labels(paths: Sequence[Path]) -> tuple[str, ...]:
 
 def read_clutrr(task: TaskSpec, paths: Sequence[Path], split: str) -> list[Example]:
     """Examples of the given CLUTRR files. ``task.labels`` must already hold the train
-    label set (`read_split` fills it in); guids are ``<file stem>-<line>``."""
+    label set (the family's reader fills it in); guids are ``<file stem>-<line>``."""
     out = []
     for path in paths:
         for line, record in _records(path):
@@ -101,3 +117,7 @@ def read_clutrr(task: TaskSpec, paths: Sequence[Path], split: str) -> list[Examp
                 )
             out.append(Example(f"{path.stem}-{line}", record["story"], question(names), target))
     return out
+
+
+FAMILY = TaskFamily("clutrr", (CLUTRR,), read=read_files(read_clutrr, labels_from=clutrr_labels),
+                    encode=encode_split, score=score_split)

@@ -18,7 +18,8 @@ import torch
 from tokenizers import Tokenizer
 
 from folnet.errors import FolnetError
-from folnet.train.tasks.base import Example, TaskSpec, get_task
+from folnet.train.tasks.base import Example, TaskSpec
+from folnet.train.tasks.registry import get_task
 
 IGNORE_INDEX = -100
 

@@ -13,7 +13,27 @@ import json
 from pathlib import Path
 
 from folnet.errors import FolnetError
-from folnet.train.tasks.base import Example, TaskSpec
+from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
+from folnet.train.tasks.classify import encode_split, score_split
+from folnet.train.tasks.registry import TaskFamily, read_files
+
+__all__ = ["FAMILY", "FOLIO", "read_folio"]
+
+FOLIO = TaskSpec(
+    name="folio",
+    kind="classification",
+    labels=("True", "False", "Unknown"),
+    metrics=("accuracy",),
+    main_metric="accuracy",
+    splits=(
+        ("train", ("folio-train.jsonl", "train.jsonl", "folio_v2_train.jsonl")),
+        ("validation", ("folio-validation.jsonl", "validation.jsonl",
+                        "folio_v2_validation.jsonl")),
+    ),
+    eval_splits=("validation",),
+    seq_len=512,
+    defaults=FinetuneDefaults(epochs=60, lr=7e-5, batch_size=16),
+)
 
 _ALIASES = {"Uncertain": "Unknown"}
 
@@ -58,3 +78,8 @@ def read_folio(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
                 task.label_id(label, where)
             out.append(Example(f"{split}-{line_no}", premises, conclusion, label))
     return out
+
+
+FAMILY = TaskFamily("folio", (FOLIO,), read=read_files(lambda spec, paths, split:
+                                                       read_folio(spec, paths[0], split)),
+                    encode=encode_split, score=score_split)

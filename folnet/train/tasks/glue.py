@@ -17,16 +17,75 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from folnet.errors import FolnetError
-from folnet.train.tasks.base import Example, TaskSpec
+from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
+from folnet.train.tasks.classify import encode_split, score_split
+from folnet.train.tasks.registry import TaskFamily, read_files
+
+__all__ = ["FAMILY", "GLUE_BIG", "GLUE_SMALL", "TASKS", "read_glue"]
+
+GLUE_SMALL = FinetuneDefaults(epochs=10, lr=1e-4, batch_size=16)
+GLUE_BIG = FinetuneDefaults(epochs=3, lr=8e-5, batch_size=32)
+
+
+def _glue(
+    name: str,
+    labels: tuple[str, ...] | None,
+    metrics: tuple[str, ...],
+    subdir: str,
+    defaults: FinetuneDefaults,
+    mnli: bool = False,
+) -> TaskSpec:
+    if mnli:
+        splits = (
+            ("train", ("train.tsv",)),
+            ("validation_matched", ("dev_matched.tsv",)),
+            ("validation_mismatched", ("dev_mismatched.tsv",)),
+            ("test_matched", ("test_matched.tsv",)),
+            ("test_mismatched", ("test_mismatched.tsv",)),
+        )
+        eval_splits = ("validation_matched", "validation_mismatched")
+    else:
+        splits = (("train", ("train.tsv",)), ("validation", ("dev.tsv",)), ("test", ("test.tsv",)))
+        eval_splits = ("validation",)
+    return TaskSpec(
+        name=f"glue/{name}",
+        kind="regression" if labels is None else "classification",
+        labels=labels,
+        metrics=metrics,
+        main_metric=metrics[0],
+        splits=splits,
+        eval_splits=eval_splits,
+        seq_len=128,
+        defaults=defaults,
+        data_subdir=subdir,
+    )
+
+
+_BINARY = ("0", "1")
+_ENTAIL = ("entailment", "not_entailment")
+
+TASKS = (
+    _glue("mnli", ("entailment", "neutral", "contradiction"), ("accuracy",), "MNLI", GLUE_BIG,
+          mnli=True),
+    _glue("qqp", _BINARY, ("accuracy", "f1"), "QQP", GLUE_BIG),
+    _glue("qnli", _ENTAIL, ("accuracy",), "QNLI", GLUE_BIG),
+    _glue("sst2", _BINARY, ("accuracy",), "SST-2", GLUE_BIG),
+    _glue("cola", _BINARY, ("mcc",), "CoLA", GLUE_SMALL),
+    _glue("stsb", None, ("pearson", "spearman"), "STS-B", GLUE_SMALL),
+    _glue("mrpc", _BINARY, ("accuracy", "f1"), "MRPC", GLUE_SMALL),
+    _glue("rte", _ENTAIL, ("accuracy",), "RTE", GLUE_SMALL),
+)
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """Header names of the columns one GLUE task uses (None: the task has no such column)."""
+    """Header names of the columns one GLUE task uses (None: the task has no such column).
+    ``headerless`` names the fixed columns of train/dev files that have no header (CoLA)."""
 
     text_a: str
     text_b: str | None
     label: str
+    headerless: tuple[str, ...] | None = None
 
 
 _LAYOUTS = {
@@ -34,14 +93,12 @@ _LAYOUTS = {
     "glue/qqp": _Layout("question1", "question2", "is_duplicate"),
     "glue/qnli": _Layout("question", "sentence", "label"),
     "glue/sst2": _Layout("sentence", None, "label"),
-    "glue/cola": _Layout("sentence", None, "label"),
+    "glue/cola": _Layout("sentence", None, "label",
+                         headerless=("source", "label", "original_mark", "sentence")),
     "glue/stsb": _Layout("sentence1", "sentence2", "score"),
     "glue/mrpc": _Layout("#1 String", "#2 String", "Quality"),
     "glue/rte": _Layout("sentence1", "sentence2", "label"),
 }
-
-_COLA_COLUMNS = ("source", "label", "original_mark", "sentence")
-
 
 def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, fields) for every non-blank line. ``utf-8-sig`` drops the byte
@@ -76,14 +133,16 @@ def _parse_label(task: TaskSpec, raw: str, where: str) -> str | float:
     return raw
 
 
-def _read_cola_headerless(task: TaskSpec, path: Path, split: str) -> list[Example]:
+def _read_headerless(task: TaskSpec, layout: _Layout, path: Path, split: str) -> list[Example]:
+    """A file without a header, its columns fixed (CoLA's train and dev files)."""
+    columns = {name: i for i, name in enumerate(layout.headerless or ())}
+    what = (f"{', '.join(columns).replace('_', ' ')}; {task.data_subdir or task.name} "
+            f"train/dev files have no header")
     out = []
-    what = "source, label, original mark, sentence; CoLA train/dev files have no header"
     for line, fields in _rows(path):
-        _check_width(path, line, fields, len(_COLA_COLUMNS), what)
-        where = f"{path}:{line}"
-        label = _parse_label(task, fields[1], where)
-        out.append(Example(f"{split}-{line}", fields[3], None, label))
+        _check_width(path, line, fields, len(columns), what)
+        label = _parse_label(task, fields[columns[layout.label]], f"{path}:{line}")
+        out.append(Example(f"{split}-{line}", fields[columns[layout.text_a]], None, label))
     return out
 
 
@@ -95,8 +154,8 @@ def read_glue(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
     layout = _LAYOUTS.get(task.name)
     if layout is None:
         raise FolnetError(f"read_glue: {task.name!r} is not a GLUE task")
-    if task.name == "glue/cola" and not split.startswith("test"):
-        return _read_cola_headerless(task, path, split)
+    if layout.headerless is not None and not split.startswith("test"):
+        return _read_headerless(task, layout, path, split)
     rows = _rows(path)
     try:
         header_line, header = next(rows)
@@ -127,3 +186,8 @@ def read_glue(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
         text_b = None if ib is None else fields[ib]
         out.append(Example(f"{split}-{line}", fields[ia], text_b, label))
     return out
+
+
+FAMILY = TaskFamily("glue", TASKS, read=read_files(lambda spec, paths, split:
+                                                    read_glue(spec, paths[0], split)),
+                    encode=encode_split, score=score_split)

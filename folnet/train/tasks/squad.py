@@ -29,7 +29,26 @@ import torch
 from tokenizers import Tokenizer
 
 from folnet.errors import FolnetError
+from folnet.train.tasks.base import EncodedSplit, FinetuneDefaults, SplitData, TaskSpec
 from folnet.train.tasks.encode import plain_tokenizer, special_ids
+from folnet.train.tasks.metrics import squad_evaluate
+from folnet.train.tasks.registry import TaskFamily, read_files
+
+__all__ = ["FAMILY", "SQUAD2", "SquadAnswer", "SquadExample", "SquadFeature", "encode_squad",
+           "features_to_tensors", "parse_squad", "postprocess_predictions", "read_squad"]
+
+SQUAD2 = TaskSpec(
+    name="squad2",
+    kind="qa",
+    labels=None,
+    metrics=("exact", "f1"),
+    main_metric="f1",
+    splits=(("train", ("train-v2.0.json",)), ("validation", ("dev-v2.0.json",))),
+    eval_splits=("validation",),
+    seq_len=384,
+    doc_stride=128,
+    defaults=FinetuneDefaults(epochs=2, lr=9e-5, batch_size=32),
+)
 
 
 @dataclass(frozen=True)
@@ -276,3 +295,41 @@ def postprocess_predictions(
         else:
             predictions[ex.qid] = best_text
     return predictions
+
+
+# -- the family: windows in, answers out ---------------------------------------------------------
+
+
+def _encode(spec: TaskSpec, split: SplitData, tokenizer: Tokenizer,
+            options: Mapping[str, Any]) -> EncodedSplit:
+    """Windows of every question (``max_len``, ``doc_stride``, ``max_query_len`` options)."""
+    examples = split.examples
+    given = {key: options[key] for key in ("max_query_len",) if key in options}
+    features = encode_squad(examples, tokenizer, max_len=options.get("max_len") or spec.seq_len,
+                            doc_stride=options.get("doc_stride") or spec.doc_stride or 128,
+                            **given)
+    return EncodedSplit(split.split, split.source, [ex.qid for ex in examples],
+                        [None if ex.is_impossible else ex.answers[0].text for ex in examples],
+                        features_to_tensors(features), context=(tuple(examples), features))
+
+
+def _score(spec: TaskSpec, split: EncodedSplit, outputs: Mapping[str, torch.Tensor],
+           options: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """SQuAD 2.0's official metrics of the decoded answers (``n_best``, ``max_answer_len``,
+    ``null_threshold`` options); a row per question with its gold answers joined by ||."""
+    if split.context is None:
+        raise FolnetError(f"split {split.name!r} was not encoded for QA")
+    examples, features = split.context
+    given = {key: options[key] for key in ("n_best", "max_answer_len", "null_threshold")
+             if key in options}
+    answers = postprocess_predictions(examples, features, outputs["start_logits"],
+                                      outputs["end_logits"], **given)
+    rows = [{"id": ex.qid, "prediction": answers[ex.qid],
+             "label": " || ".join(a.text for a in ex.answers)} for ex in examples]
+    return squad_evaluate(examples, answers), rows
+
+
+FAMILY = TaskFamily("squad2", (SQUAD2,), read=read_files(lambda spec, paths, split:
+                                                         read_squad(paths[0])),
+                    encode=_encode, score=_score,
+                    official=lambda rows: {row["id"]: row["prediction"] for row in rows})

@@ -1,0 +1,58 @@
+"""``folnet ablate PLAN``: the command line of `folnet.train.ablate.run`."""
+
+from __future__ import annotations
+
+import argparse
+
+from folnet.cli import register_command
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="plan file, or a name under specs/ablations (demo, table3)")
+    p.add_argument("--out", default=None, help="output directory (default runs/ablate-NAME)")
+    p.add_argument("--preset", default=None, help="model preset for every row (overrides plan)")
+    p.add_argument("--steps", type=int, default=None, help="pretraining steps per row")
+    p.add_argument("--seeds", type=int, default=None, help="finetuning seeds per task")
+    p.add_argument("--data", default=None, help="pretraining corpus: a path or 'kinship'")
+    p.add_argument("--tasks", default=None, help="comma-separated downstream tasks")
+    p.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
+                   help="data directory of a task (repeatable)")
+    p.add_argument("--rows", default=None, help="comma-separated row names to run (default all)")
+    p.add_argument("--jobs", type=int, default=1, help="rows run in parallel processes")
+    p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from folnet.errors import FolnetError
+    from folnet.runtime import tune_cpu_allocator
+    from folnet.train.ablate.plan import load_plan
+    from folnet.train.ablate.run import run_plan
+
+    task_data = {}
+    for item in args.task_data:
+        if "=" not in item:
+            raise FolnetError(f"--task-data expects TASK=DIR, got {item!r}")
+        task, path = item.split("=", 1)
+        task_data[task] = path
+    if args.jobs < 1:
+        raise FolnetError(f"--jobs must be >= 1, got {args.jobs}")
+    overrides = {"preset": args.preset, "steps": args.steps, "seeds": args.seeds,
+                 "data": args.data, "task_data": task_data,
+                 "tasks": tuple(args.tasks.split(",")) if args.tasks else None}
+    plan = load_plan(args.plan, overrides)  # every row validated before anything trains
+    tune_cpu_allocator()
+    out = args.out or f"runs/ablate-{plan.name}"
+    paths = run_plan(plan, out, jobs=args.jobs,
+                     only=args.rows.split(",") if args.rows else None,
+                     progress=not args.no_progress, report=not args.no_report)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    if "md" in paths:
+        print()
+        print(paths["md"].read_text())
+    return 0
+
+
+register_command("ablate", "run an operator-ablation plan: pretrain, finetune, report",
+                 _configure, _run)

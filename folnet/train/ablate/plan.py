@@ -1,0 +1,232 @@
+"""Ablation plans: a TOML file of rows (operator string, position encoding, D2, pretraining
+loss), like the paper's Table 3, parsed and validated before anything trains.
+
+A plan::
+
+    name = "demo"
+    data = "kinship"                 # pretraining corpus: a path or "kinship"
+    tasks = ["kinship"]              # downstream tasks (folnet finetune names)
+    seeds = 1                        # finetuning seeds per task (median reported)
+
+    [pretrain]                       # folnet pretrain options shared by every row
+    preset = "tiny"
+    steps = 300
+
+    [finetune]                       # folnet finetune options shared by every row
+    epochs = 3
+
+    [[rows]]
+    ops = "jmc.atp"                  # required
+    name = "jmc.atp D2=16"           # optional; unique
+    position = "rpe"                 # rpe, ape, rpe* or none
+    D2 = 16
+    loss = "MLM.NSP"                 # or MLM.SOP
+
+Every fault -- an unknown key, an invalid operator string, a missing data path, an unknown
+task -- is a `FolnetError` naming the row and the problem, raised by `load_plan` before any
+training starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from folnet.arch import POSITIONS, load_preset, parse_plan
+from folnet.errors import FolnetError, choices
+from folnet.train.data.documents import KINSHIP
+from folnet.train.options import read_toml, specs_file
+from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.tasks import family_of, get_task
+
+LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop"}
+PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "pretrain",
+             "finetune", "rows")
+ROW_KEYS = ("name", "ops", "position", "D2", "loss", "paper")
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    """One row: an architecture and a pretraining loss."""
+
+    name: str
+    ops: str
+    position: str = "rpe"
+    D2: int | None = None
+    loss: str = "MLM.NSP"
+    paper: tuple[tuple[str, Any], ...] = ()  # reference figures to print beside ours
+
+    @property
+    def slug(self) -> str:
+        """A directory name for the row's runs."""
+        name = self.name.replace("*", "star")
+        return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name).strip("_") or "row"
+
+    @property
+    def model_overrides(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"position": self.position}
+        if self.D2 is not None:
+            extra["D2"] = self.D2
+        return extra
+
+
+@dataclass(frozen=True)
+class AblationPlan:
+    name: str
+    rows: tuple[AblationRow, ...]
+    data: str = "kinship"
+    tasks: tuple[str, ...] = ("kinship",)
+    task_data: tuple[tuple[str, str], ...] = ()  # task -> data directory
+    seeds: int = 1
+    description: str = ""
+    pretrain: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    finetune: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    source: str = "<plan>"
+
+
+def _row(raw: Any, index: int, plan_name: str, preset: str, num_layers: int) -> AblationRow:
+    where = f"plan {plan_name!r} row {index + 1}"
+    if not isinstance(raw, Mapping):
+        raise FolnetError(f"{where}: expected a table, got {raw!r}")
+    if "name" in raw:
+        where += f" ({raw['name']!r})"
+    unknown = sorted(set(raw) - set(ROW_KEYS))
+    if unknown:
+        raise FolnetError(f"{where}: unknown key(s) {unknown}; allowed: {list(ROW_KEYS)}")
+    if "ops" not in raw:
+        raise FolnetError(f"{where}: missing 'ops' (an operator string such as 'jmc.atp')")
+    ops = raw["ops"]
+    try:
+        parse_plan(ops, num_layers)
+    except FolnetError as exc:
+        raise FolnetError(f"{where}: {exc}") from None
+    position = raw.get("position", "rpe")
+    if position not in POSITIONS:
+        raise FolnetError(f"{where}: position {position!r} is unknown; use {choices(POSITIONS)}")
+    d2 = raw.get("D2")
+    if d2 is not None and (not isinstance(d2, int) or isinstance(d2, bool) or d2 < 1):
+        raise FolnetError(f"{where}: D2 must be a positive integer, got {d2!r}")
+    loss = raw.get("loss", "MLM.NSP")
+    if loss not in LOSSES:
+        raise FolnetError(f"{where}: loss {loss!r} is unknown; use {choices(LOSSES)}")
+    paper = raw.get("paper", {})
+    if not isinstance(paper, Mapping):
+        raise FolnetError(f"{where}: 'paper' must be a table of reference figures")
+    name = raw.get("name") or f"{ops} {position.upper()}" + (f" D2={d2}" if d2 else "") + (
+        " SOP" if loss == "MLM.SOP" else "")
+    return AblationRow(name=str(name), ops=ops, position=position, D2=d2, loss=loss,
+                       paper=tuple(paper.items()))
+
+
+def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
+                    overrides: Mapping[str, Any] | None = None) -> AblationPlan:
+    """Validate a plan mapping; ``overrides`` (from the command line) replace top-level keys
+    (``data``, ``seeds``) and pretraining options (``preset``, ``steps``)."""
+    unknown = sorted(set(data) - set(PLAN_KEYS))
+    if unknown:
+        raise FolnetError(f"{source}: unknown key(s) {unknown}; allowed: {list(PLAN_KEYS)}")
+    name = str(data.get("name", Path(source).stem))
+    overrides = dict(overrides or {})
+    pretrain = dict(data.get("pretrain", {}))
+    for key in ("preset", "steps"):
+        if overrides.get(key) is not None:
+            pretrain[key] = overrides[key]
+    for key in ("ops", "out", "data", "objective", "resume"):
+        if key in pretrain:
+            raise FolnetError(f"{source}: [pretrain] must not set {key!r}; the plan sets it "
+                              f"per row")
+    try:
+        PretrainConfig.from_dict({**pretrain, "out": "x"}, source=f"{source} [pretrain]")
+    except FolnetError as exc:
+        raise FolnetError(f"plan {name!r}: {exc}") from None
+    preset_name = pretrain.get("preset", "base")
+    num_layers = int(dict(pretrain.get("model", {})).get("L", load_preset(preset_name)["L"]))
+    finetune = data.get("finetune", {})
+    if not isinstance(finetune, Mapping):
+        raise FolnetError(f"{source}: [finetune] must be a table")
+    rows_raw = data.get("rows")
+    if not rows_raw:
+        raise FolnetError(f"{source}: the plan has no [[rows]]")
+    rows = tuple(_row(r, i, name, preset_name, num_layers) for i, r in enumerate(rows_raw))
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if row.slug in seen:
+            raise FolnetError(f"plan {name!r} row {i + 1} ({row.name!r}): same name as row "
+                              f"{seen[row.slug] + 1}; give each row a unique 'name'")
+        seen[row.slug] = i
+    plan_data = overrides.get("data") or data.get("data", KINSHIP)
+    if plan_data != KINSHIP and not Path(plan_data).exists():
+        raise FolnetError(f"plan {name!r}: data path {plan_data!r} does not exist (every row "
+                          f"pretrains on it)")
+    tasks = tuple(overrides.get("tasks") or data.get("tasks", ("kinship",)))
+    task_data = {**dict(data.get("task_data", {})), **dict(overrides.get("task_data") or {})}
+    _check_tasks(name, tasks, task_data)
+    seeds = int(overrides.get("seeds") or data.get("seeds", 1))
+    if seeds < 1:
+        raise FolnetError(f"plan {name!r}: seeds must be >= 1, got {seeds}")
+    return AblationPlan(name=name, rows=rows, data=plan_data, tasks=tasks,
+                        task_data=tuple(sorted(task_data.items())), seeds=seeds,
+                        description=str(data.get("description", "")),
+                        pretrain=tuple(pretrain.items()), finetune=tuple(finetune.items()),
+                        source=source)
+
+
+def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]) -> None:
+    if not tasks:
+        raise FolnetError(f"plan {name!r}: 'tasks' is empty; e.g. tasks = [\"kinship\"]")
+    extra = sorted(set(task_data) - set(tasks))
+    if extra:
+        raise FolnetError(f"plan {name!r}: task_data names task(s) {extra} not in tasks")
+    for task in tasks:
+        try:
+            get_task(task)
+        except FolnetError as exc:
+            raise FolnetError(f"plan {name!r}: task {task!r}: {exc}") from None
+        if family_of(task).generated:
+            continue
+        path = task_data.get(task)
+        if path is None:
+            raise FolnetError(f"plan {name!r}: task {task!r} needs its data directory: add "
+                              f"task_data = {{ \"{task}\" = \"DIR\" }} or --task-data "
+                              f"{task}=DIR")
+        if not Path(path).is_dir():
+            raise FolnetError(f"plan {name!r}: data directory {path!r} of task {task!r} does "
+                              f"not exist")
+
+
+def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
+    """The plan as data (what ``OUT/plan.json`` holds); `parse_plan_dict` reads it back."""
+    rows = []
+    for r in plan.rows:
+        row = {"name": r.name, "ops": r.ops, "position": r.position, "loss": r.loss,
+               "paper": dict(r.paper)}
+        if r.D2 is not None:
+            row["D2"] = r.D2
+        rows.append(row)
+    return {"name": plan.name, "description": plan.description, "data": plan.data,
+            "tasks": list(plan.tasks), "task_data": dict(plan.task_data), "seeds": plan.seeds,
+            "pretrain": dict(plan.pretrain), "finetune": dict(plan.finetune), "rows": rows}
+
+
+def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> AblationPlan:
+    """Read and validate an ablation plan: a TOML file (``specs/ablations/NAME.toml``, or
+    just NAME) or the ``plan.json`` an ablation run writes into its output directory."""
+    path = Path(path)
+    if not path.is_file():
+        candidate = specs_file("ablations", f"{path.name}.toml")
+        if not path.suffix and candidate.is_file():
+            path = candidate
+        else:
+            raise FolnetError(f"ablation plan {str(path)!r} does not exist")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise FolnetError(f"{path}: not valid JSON ({exc})") from None
+    else:
+        data = read_toml(path)
+    return parse_plan_dict(data, source=str(path), overrides=overrides)

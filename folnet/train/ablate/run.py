@@ -1,0 +1,215 @@
+"""`folnet ablate`: run an ablation plan -- pretrain each row, finetune it on the plan's tasks,
+and report a table like the paper's Table 3.
+
+Layout of ``OUT``::
+
+    OUT/plan.json                       the validated plan this directory belongs to
+    OUT/rows/<row>/pretrain/            a `folnet pretrain` run directory
+    OUT/rows/<row>/finetune/<task>/     a `folnet finetune` output directory
+    OUT/rows/<row>/result.json          written last: the row is finished
+    OUT/results.{md,csv,json,png}
+
+An interrupted run resumes: finished rows (result.json) are skipped, pretraining resumes from
+its latest checkpoint, a finished finetune (eval.json) is reused. ``jobs > 1`` runs rows in
+parallel processes, each given its share of the CPU threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
+from folnet.errors import FolnetError
+from folnet.io import atomic_write_json
+from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
+from folnet.train.ablate.report import write_reports
+from folnet.train.engine.runlog import read_log
+from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
+from folnet.train.finetune.run import finetune
+from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
+from folnet.train.pretrain.loop import pretrain
+
+
+def _task_slug(task: str) -> str:
+    return task.replace("/", "-")
+
+
+def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path,
+                     progress: bool) -> PretrainConfig:
+    shared = dict(plan.pretrain)
+    model = {**dict(shared.pop("model", {})), **row.model_overrides}
+    return load_pretrain_config(None, {
+        **shared, "ops": row.ops, "data": plan.data, "objective": LOSSES[row.loss],
+        "model": model, "out": str(row_dir / "pretrain"), "resume": "auto",
+        "progress": progress, "tensorboard": False})
+
+
+def _finetune_config(plan: AblationPlan, task: str, row_dir: Path,
+                     progress: bool) -> FinetuneConfig:
+    return load_finetune_config(None, {
+        **dict(plan.finetune), "task": task, "data": dict(plan.task_data).get(task),
+        "checkpoint": str(row_dir / "pretrain"), "seeds": plan.seeds,
+        "out": str(row_dir / "finetune" / _task_slug(task)), "overwrite": True,
+        "progress": progress, "tensorboard": False})
+
+
+def _pretrain_stats(run_dir: Path) -> dict[str, Any]:
+    """Throughput, the last losses and the loss curve from a pretraining log."""
+    records = read_log(run_dir / "log.jsonl")
+    rates = [r["tokens_per_s"] for r in records[1:] if r.get("tokens_per_s")]
+    last = records[-1] if records else {}
+    return {"tokens_per_s": statistics.median(rates) if rates else None,
+            "mlm_loss": last.get("mlm_loss"), "final_loss": last.get("loss"),
+            "pretrain_steps": last.get("step"),
+            "loss_curve": [(r["step"], r["loss"]) for r in records]}
+
+
+def _model_stats(cfg: ModelConfig, seq_len: int) -> dict[str, Any]:
+    """Parameters (bare encoder, like the paper's column) and FLOPs per token."""
+    with torch.device("meta"):
+        model = FolnetModel(cfg)
+    info = model_info(model, seq_len)
+    return {"params": info.total_params, "flops_per_token": info.flops_forward / seq_len}
+
+
+def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """The task's reported metrics and baselines: the headline split's metrics (for kinship:
+    accuracy overall, on the seen chain lengths, on the unseen ones, and per k)."""
+    split = payload.get("headline_split")
+    metrics = payload.get("metrics", {}).get(split, {})
+    main = payload.get("main_metric")
+    out: dict[str, float] = {}
+    if main in metrics:
+        out[main] = metrics[main]
+    baselines: dict[str, float] = {}
+    for name, value in metrics.items():
+        if not isinstance(value, (int, float)) or name == main:
+            continue
+        if name.startswith("majority_baseline"):
+            baselines[name] = value
+        else:
+            out[name] = value
+    return out, baselines
+
+
+def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Pretrain and finetune one row (resuming whatever is already done)."""
+    row_dir = out / "rows" / row.slug
+    done = row_dir / "result.json"
+    if done.is_file():
+        log(f"[{row.name}] finished earlier: {done}")
+        return json.loads(done.read_text())
+    pcfg = _pretrain_config(plan, row, row_dir, progress)
+    start = time.perf_counter()
+    final = row_dir / "pretrain" / "final"
+    if not (final / "config.json").is_file():
+        log(f"[{row.name}] pretraining {row.ops} ({pcfg.preset}, {pcfg.steps} steps)")
+        pretrain(pcfg)
+    pretrain_seconds = time.perf_counter() - start
+    cfg = ModelConfig.from_dict(read_metadata(final)["model"])
+    result: dict[str, Any] = {
+        **{k: v for k, v in asdict(row).items() if k != "paper"}, "paper": dict(row.paper),
+        "D2": cfg.D2, **_model_stats(cfg, pcfg.seq_len), **_pretrain_stats(row_dir / "pretrain"),
+        "pretrain_seconds": pretrain_seconds, "metrics": {}, "baselines": {}}
+    start = time.perf_counter()
+    for task in plan.tasks:
+        fcfg = _finetune_config(plan, task, row_dir, progress)
+        eval_json = Path(fcfg.out) / "eval.json"
+        if eval_json.is_file():
+            payload = json.loads(eval_json.read_text())
+        else:
+            log(f"[{row.name}] finetuning on {task}")
+            payload = finetune(fcfg)
+        metrics, baselines = _headline(task, payload)
+        result["metrics"][task] = metrics
+        result["baselines"][task] = baselines
+    result["finetune_seconds"] = time.perf_counter() - start
+    atomic_write_json(done, result)
+    log(f"[{row.name}] done in {pretrain_seconds + result['finetune_seconds']:.0f} s")
+    return result
+
+
+def _check_out(plan: AblationPlan, out: Path) -> None:
+    """One plan per output directory: a different plan there is an error, not a mix."""
+    record = out / "plan.json"
+    mine = json.loads(json.dumps(plan_to_dict(plan)))
+    if record.is_file():
+        theirs = json.loads(record.read_text())
+        if theirs != mine:
+            changed = sorted(k for k in mine if mine.get(k) != theirs.get(k))
+            raise FolnetError(f"--out {str(out)!r} holds a run of a different plan (differs in "
+                              f"{changed}); choose another --out or delete it")
+    else:
+        atomic_write_json(record, mine)
+
+
+def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
+             only: Sequence[str] | None = None, progress: bool = True,
+             report: bool = True) -> dict[str, Path]:
+    """Run every row of ``plan`` (or the rows named in ``only``) and write the reports."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_out(plan, out)
+    rows = [r for r in plan.rows if not only or r.name in only or r.slug in only]
+    if only and len(rows) != len(set(only)):
+        known = [r.name for r in plan.rows]
+        raise FolnetError(f"--rows {list(only)} names rows the plan lacks; rows: {known}")
+    started = time.perf_counter()
+    if jobs <= 1 or len(rows) <= 1:
+        for i, row in enumerate(rows, 1):
+            print(f"== row {i}/{len(rows)}: {row.name}", flush=True)
+            run_row(plan, row, out, progress=progress)
+    else:
+        _run_parallel(rows, out, jobs)
+    print(f"== {len(rows)} row(s) in {time.perf_counter() - started:.0f} s", flush=True)
+    if not report:
+        return {}
+    finished = [json.loads((out / "rows" / r.slug / "result.json").read_text())
+                for r in plan.rows if (out / "rows" / r.slug / "result.json").is_file()]
+    header = (f"Plan `{plan.name}` ({plan.source}): {plan.description}\n\n"
+              f"Pretraining: {dict(plan.pretrain)} on `{plan.data}`; tasks: "
+              f"{', '.join(plan.tasks)} ({plan.seeds} seed(s), median).")
+    return write_reports(finished, out, plan_name=plan.name, header=header)
+
+
+def _run_parallel(rows: list[AblationRow], out: Path, jobs: int) -> None:
+    """Each row in its own ``folnet ablate OUT/plan.json --rows ROW`` process, ``jobs`` at a
+    time (the children read the effective plan, command-line overrides included)."""
+    plan_path = str(out / "plan.json")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    pending = list(rows)
+    running: list[tuple[AblationRow, subprocess.Popen, Any]] = []
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            row = pending.pop(0)
+            cmd = [sys.executable, "-m", "folnet", "ablate", plan_path, "--out", str(out),
+                   "--rows", row.name, "--jobs", "1", "--no-report", "--no-progress"]
+            log = (out / f"{row.slug}.log").open("w")  # closed when the process ends
+            running.append((row, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
+            print(f"== started {row.name} (log: {out / (row.slug + '.log')})", flush=True)
+        time.sleep(1.0)
+        for item in list(running):
+            row, proc, log = item
+            if proc.poll() is not None:
+                running.remove(item)
+                log.close()
+                print(f"== {row.name}: {'done' if proc.returncode == 0 else 'FAILED'}",
+                      flush=True)
+                if proc.returncode != 0:
+                    failed.append(row.name)
+    if failed:
+        raise FolnetError(f"row(s) {failed} failed; see their logs in {str(out)!r}")

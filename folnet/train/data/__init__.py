@@ -1,0 +1,10 @@
+"""Pretraining data: corpus documents, the tokenizer, NSP/SOP example pairs (cached or
+streamed), dynamic MLM masking, and two corpora that need no download (the generated kinship
+world and an English corpus from the standard library's docstrings).
+
+* `documents` reads text, JSON Lines, parquet or saved datasets as documents of sentences;
+* `tokenizer` is the WordPiece tokenizer with BERT's special tokens;
+* `config` describes how a corpus becomes examples; `pairs` builds the segment pairs;
+* `corpus` caches the examples on disk, `streaming` reads corpora larger than memory;
+* `masking` draws fresh MLM masks per batch; `kinship` and `textsource` are the corpora.
+"""

@@ -1,0 +1,64 @@
+"""`PretrainDataConfig`: how a corpus becomes pretraining examples, and the objectives it knows.
+
+Kept apart from the datasets so that the run configuration (`folnet.train.pretrain.config`) can
+check its options against `OBJECTIVES` without importing the tokenising machinery.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from folnet.errors import FolnetError, choices
+
+__all__ = ["OBJECTIVES", "PretrainDataConfig"]
+
+#: The sentence-pair objectives: next-sentence or sentence-order prediction.
+OBJECTIVES = ("nsp", "sop")
+
+
+@dataclass(frozen=True)
+class PretrainDataConfig:
+    """How to turn a corpus into pretraining examples (and how to mask them later).
+
+    `mlm_probability` and `max_predictions` are read by the collator, not the dataset; they
+    are here so that one config describes the whole data side of a run.
+    """
+
+    seq_len: int = 128
+    objective: str = "nsp"
+    mlm_probability: float = 0.15
+    max_predictions: int = 20
+    short_seq_prob: float = 0.1
+    seed: int = 0
+    cache_dir: str | os.PathLike[str] | None = None
+    streaming: bool = False
+    kinship_documents: int = 2000
+
+    def __post_init__(self) -> None:
+        def integer(name: str, low: int) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise FolnetError(
+                    f"PretrainDataConfig.{name} must be an integer >= {low}, got {value!r}"
+                )
+
+        integer("seq_len", 8)
+        integer("max_predictions", 1)
+        integer("kinship_documents", 1)
+        integer("seed", 0)
+        if self.objective not in OBJECTIVES:
+            raise FolnetError(
+                f"PretrainDataConfig.objective must be {choices(OBJECTIVES)}, "
+                f"got {self.objective!r}"
+            )
+        p = self.mlm_probability
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
+            raise FolnetError(f"PretrainDataConfig.mlm_probability must lie in (0, 1), got {p!r}")
+        p = self.short_seq_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise FolnetError(f"PretrainDataConfig.short_seq_prob must lie in [0, 1), got {p!r}")
+        if not isinstance(self.streaming, bool):
+            raise FolnetError(
+                f"PretrainDataConfig.streaming must be a bool, got {self.streaming!r}"
+            )

@@ -1,0 +1,276 @@
+"""Pretraining examples: BERT segment pairs for NSP or SOP, cached on disk or streamed.
+
+Layout of every example (length `seq_len`):
+
+    input_ids       [CLS] a1 .. an [SEP] b1 .. bm [SEP] [PAD] ..
+    token_type_ids    0   0  ..  0   0    1  ..  1   1    0   ..
+    attention_mask    1   1  ..  1   1    1  ..  1   1    0   ..
+
+A and B are runs of whole sentences from one document, truncated (token by token, from the
+longer side, at a random end) to fit. Labels, stored as `nsp_labels` for both objectives:
+
+* NSP: 0 = B is the true continuation of A ("is next"), 1 = B comes from another random
+  document ("not next"); each with probability 1/2.
+* SOP: A and B are always consecutive; 0 = original order, 1 = swapped; each with
+  probability 1/2.
+
+The dataset holds no MLM masks: `folnet.train.data.masking.PretrainingCollator` draws a new mask
+each time an example is batched (dynamic masking).
+
+Why two caches: tokenising is the expensive step and depends only on the corpus and the
+tokenizer, while pairing depends on `seq_len`, `objective`, `short_seq_prob` and `seed`. So
+`cache_dir/corpus-<key>/` keeps the tokenised sentences and `cache_dir/examples-<key>/` the
+pairs; changing `seq_len` re-pairs without re-tokenising.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset, IterableDataset
+
+from folnet.errors import FolnetError
+from folnet.io import atomic_write_dir
+from folnet.train.data.config import PretrainDataConfig
+from folnet.train.data.documents import (
+    CorpusSource,
+    read_documents,
+    resolve_sources,
+    source_signature,
+)
+from folnet.train.data.pairs import (
+    Document,
+    Example,
+    ExampleLayout,
+    segment_pairs,
+    token_dtype,
+    tokenise_documents,
+)
+from folnet.train.data.streaming import StreamingPretrainingDataset
+from folnet.train.data.tokenizer import FolnetTokenizer
+
+__all__ = ["PretrainingDataset", "build_pretraining_dataset"]
+
+_CACHE_FORMAT = 1  # bump when the on-disk layout or the pairing algorithm changes
+
+
+def _progress(iterable: Iterable[Any], desc: str) -> Iterable[Any]:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is in the [train] extra; degrade to no bar
+        return iterable
+    return tqdm(iterable, desc=desc, unit=" docs", disable=None, mininterval=1.0)
+
+
+# -- cache -------------------------------------------------------------------------------------
+
+
+def _key(*parts: object) -> str:
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def _load(directory: Path | None, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
+    """Memory-mapped arrays of a complete cache entry, or None (absent or damaged)."""
+    if directory is None or not (directory / "meta.json").is_file():
+        return None
+    try:
+        return {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in names}
+    except (OSError, ValueError):
+        return None
+
+
+def _save(directory: Path | None, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """Write the entry atomically: readers never see half of one, and an entry another process
+    finished first is kept."""
+    if directory is None:
+        return
+
+    def write(tmp: Path) -> None:
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", array)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+
+    atomic_write_dir(directory, write, replace=False)
+
+
+def _documents_from_arrays(corpus: dict[str, np.ndarray]) -> list[Document]:
+    tokens, sentences, documents = corpus["tokens"], corpus["sentences"], corpus["documents"]
+    out = []
+    for d in range(len(documents) - 1):
+        bounds = sentences[documents[d] : documents[d + 1] + 1]
+        out.append([tokens[s:e] for s, e in itertools.pairwise(bounds)])
+    return out
+
+
+def _check_usable(documents: list[Document], config: PretrainDataConfig, where: str) -> None:
+    usable = sum(len(d) >= 2 for d in documents)
+    if usable == 0:
+        raise FolnetError(
+            f"corpus {where} has no usable document: {len(documents)} non-empty document(s), "
+            f"none with at least 2 sentences ({config.objective.upper()} pairs need two)"
+        )
+    if config.objective == "nsp" and len(documents) < 2:
+        raise FolnetError(
+            f"corpus {where} has a single document; NSP needs at least 2 "
+            f"(random 'not next' segments come from other documents)"
+        )
+
+
+# -- map-style dataset -------------------------------------------------------------------------
+
+
+class PretrainingDataset(Dataset):
+    """All pairs of a corpus, fixed by `config.seed`; items are dicts of tensors (see module
+    doc). Arrays are memory-mapped when they come from the cache.
+
+    `cache_status` says what was reused: "examples" (nothing recomputed), "corpus" (tokens
+    reused, pairs rebuilt), "miss" (built and saved) or "disabled" (no cache_dir).
+    """
+
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        tokenizer: FolnetTokenizer,
+        config: PretrainDataConfig,
+        *,
+        cache_status: str,
+        num_documents: int,
+    ) -> None:
+        self.config = config
+        self.cache_status = cache_status
+        self.num_documents = num_documents
+        self.tokens, self.offsets = arrays["tokens"], arrays["offsets"]
+        self.len_a, self.labels = arrays["len_a"], arrays["labels"]
+        self._layout = ExampleLayout(tokenizer, config.seq_len)
+
+    @property
+    def from_cache(self) -> bool:
+        """True when the examples were read from disk without tokenising or pairing."""
+        return self.cache_status == "examples"
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def pair(self, index: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Segment A ids, segment B ids (no specials) and the label of example `index`."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"example index {index} out of range for {len(self)} examples")
+        index %= len(self)
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        split = start + int(self.len_a[index])
+        ids = np.asarray(self.tokens[start:end], dtype=np.int64)
+        return ids[: split - start], ids[split - start :], int(self.labels[index])
+
+    def __getitem__(self, index: int) -> Example:
+        return self._layout(*self.pair(index))
+
+
+def _build_examples(
+    documents: list[Document], config: PretrainDataConfig, dtype: np.dtype
+) -> dict[str, np.ndarray]:
+    rng = random.Random(f"folnet-pairs-{config.seed}")
+    count = len(documents)
+
+    def other_for(index: int) -> Callable[[], Document]:
+        def pick() -> Document:
+            j = rng.randrange(count - 1)
+            return documents[j + (j >= index)]  # uniform over the other documents
+
+        return pick
+
+    pieces, lengths, len_a, labels = [], [0], [], []
+    for index, document in enumerate(documents):
+        if len(document) < 2:
+            continue
+        for a, b, label in segment_pairs(document, config, rng, other_for(index)):
+            pieces.extend((a, b))
+            lengths.append(len(a) + len(b))
+            len_a.append(len(a))
+            labels.append(label)
+    return {
+        "tokens": np.concatenate(pieces).astype(dtype, copy=False),
+        "offsets": np.cumsum(np.asarray(lengths, dtype=np.int64)),
+        "len_a": np.asarray(len_a, dtype=np.int32),
+        "labels": np.asarray(labels, dtype=np.int8),
+    }
+
+
+def _tokenised_corpus(
+    parts: list[tuple[str, Path | None]], tokenizer: FolnetTokenizer, config: PretrainDataConfig
+) -> dict[str, np.ndarray]:
+    tokens, sentence_lengths, document_sizes = [], [], []
+    documents = read_documents(parts, kinship_documents=config.kinship_documents, seed=config.seed)
+    for document in _progress(tokenise_documents(documents, tokenizer), "tokenising"):
+        tokens.extend(document)
+        sentence_lengths.extend(len(s) for s in document)
+        document_sizes.append(len(document))
+    return {
+        "tokens": np.concatenate(tokens) if tokens else np.zeros(0, dtype=token_dtype(tokenizer)),
+        "sentences": np.concatenate([[0], np.cumsum(sentence_lengths, dtype=np.int64)]),
+        "documents": np.concatenate([[0], np.cumsum(document_sizes, dtype=np.int64)]),
+    }
+
+
+def build_pretraining_dataset(
+    source: CorpusSource,
+    tokenizer: FolnetTokenizer,
+    config: PretrainDataConfig | None = None,
+) -> PretrainingDataset | IterableDataset:
+    """Tokenise `source`, pair sentences and return a map-style dataset (deterministic given
+    `config.seed`), reusing `config.cache_dir` entries when source files, tokenizer and
+    config are unchanged. With `config.streaming`, return a `StreamingPretrainingDataset`
+    instead (nothing cached, nothing held in memory beyond bounded buffers)."""
+    config = config or PretrainDataConfig()
+    parts = resolve_sources(source)  # raises on missing/empty/unknown paths before any work
+    if config.streaming:
+        return StreamingPretrainingDataset(source, tokenizer, config)
+    where = (
+        repr(str(source))
+        if isinstance(source, (str, os.PathLike))
+        else repr([str(s) for s in source])
+    )
+    signature = source_signature(
+        parts, kinship_documents=config.kinship_documents, seed=config.seed
+    )
+    corpus_key = _key("corpus", _CACHE_FORMAT, signature, tokenizer.fingerprint)
+    pair_fields = (config.seq_len, config.objective, config.short_seq_prob, config.seed)
+    examples_key = _key("examples", _CACHE_FORMAT, corpus_key, *pair_fields)
+    root = Path(config.cache_dir).expanduser() if config.cache_dir is not None else None
+    corpus_dir = root / f"corpus-{corpus_key}" if root else None
+    examples_dir = root / f"examples-{examples_key}" if root else None
+    names = ("tokens", "offsets", "len_a", "labels")
+
+    def dataset(arrays: dict[str, np.ndarray], status: str, documents: int) -> PretrainingDataset:
+        return PretrainingDataset(
+            arrays, tokenizer, config, cache_status=status, num_documents=documents
+        )
+
+    cached = _load(examples_dir, names)
+    if cached is not None:
+        meta = json.loads((examples_dir / "meta.json").read_text(encoding="utf-8"))
+        return dataset(cached, "examples", int(meta.get("num_documents", 0)))
+
+    corpus = _load(corpus_dir, ("tokens", "sentences", "documents"))
+    status = "corpus" if corpus is not None else ("miss" if root else "disabled")
+    if corpus is None:
+        corpus = _tokenised_corpus(parts, tokenizer, config)
+        _save(corpus_dir, corpus, {"source": signature, "tokenizer": tokenizer.fingerprint})
+    documents = _documents_from_arrays(corpus)
+    _check_usable(documents, config, where)
+    arrays = _build_examples(documents, config, corpus["tokens"].dtype)
+    meta = {"config": asdict(config), "num_documents": len(documents), "corpus": corpus_key}
+    _save(examples_dir, arrays, meta)
+    if examples_dir is not None:  # serve the memory-mapped copy: same data, less RAM
+        arrays = _load(examples_dir, names) or arrays
+    return dataset(arrays, status, len(documents))
+

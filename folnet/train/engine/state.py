@@ -1,0 +1,132 @@
+"""What a training loop saves and restores, for plain, DDP and FSDP models alike.
+
+`save_training_checkpoint` gathers what every rank holds (RNG states; under FSDP the parameter
+and optimiser shards) and lets rank 0 write it through `folnet.train.engine.checkpoints`;
+`restore_training_state` puts it back on every rank. `write_model_fn` is the model writer both
+the checkpoints and the final model use, and `publish_final` writes ``OUT/final``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from folnet.arch import FolnetModel
+from folnet.io import atomic_write_dir
+from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine.distributed import DistContext, barrier
+
+__all__ = ["Stateful", "publish_final", "restore_training_state", "save_training_checkpoint",
+           "write_model_fn"]
+
+
+def _full_state(engine: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded weights of an FSDP engine, keys as in the bare model (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(engine, options=StateDictOptions(full_state_dict=True,
+                                                                 cpu_offload=True))
+    return {k.removeprefix("model."): v for k, v in full.items()}
+
+
+def write_model_fn(model: nn.Module, engine: nn.Module, extra: Mapping[str, Any],
+                   fsdp: bool, is_main: bool = True) -> Callable[[Path], Any]:
+    """A directory writer of config.json + model.safetensors (call on every rank under FSDP:
+    gathering the shards is collective, and only rank 0 receives the full weights)."""
+    source = model
+    if fsdp:
+        full = _full_state(engine)
+        if not is_main:
+            return lambda directory: None
+        with torch.device("meta"):  # fully_shard changed model's class: rebuild a plain one
+            source = FolnetModel(model.cfg, head=model.head, num_labels=model.num_labels)
+        source.load_state_dict(full, assign=True)
+    return lambda directory: source.save_pretrained(directory, dict(extra))
+
+
+def _optimizer_state(engine: nn.Module, optimizer: Optimizer, fsdp: bool) -> dict[str, Any]:
+    if not fsdp:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    return get_optimizer_state_dict(engine, optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+
+
+class Stateful(Protocol):
+    """What a checkpoint keeps of an object besides the model (the MLM collator's generator)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module,
+                             optimizer: Optimizer, scheduler: LRScheduler,
+                             scaler: torch.amp.GradScaler, collator: Stateful,
+                             tokenizer: ckpt.Saveable, ctx: DistContext,
+                             state: Mapping[str, Any], extra: Mapping[str, Any],
+                             keep_last: int, fsdp: bool) -> None:
+    """Every rank contributes (RNG states, FSDP shards); rank 0 writes; all wait for it."""
+    rng = ckpt.capture_rng(ctx.device)
+    gathered: list[Any] = [rng]
+    if ctx.is_distributed:
+        gathered = [None] * ctx.world_size
+        torch.distributed.all_gather_object(gathered, rng)
+    optimizer_state = _optimizer_state(engine, optimizer, fsdp)
+    write = write_model_fn(model, engine, extra, fsdp, ctx.is_main)
+    if ctx.is_main:
+        trainer = {**state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
+                   "scaler": scaler.state_dict(), "collator": collator.state_dict(),
+                   "rng": gathered, "world_size": ctx.world_size}
+        ckpt.save_checkpoint(out, int(state["step"]), write_model=write, tokenizer=tokenizer,
+                             trainer_state=trainer, keep_last=keep_last)
+    barrier(ctx)
+
+
+def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module,
+                           optimizer: Optimizer, scheduler: LRScheduler,
+                           scaler: torch.amp.GradScaler, collator: Stateful, ctx: DistContext,
+                           fsdp: bool) -> None:
+    """Load optimiser, scheduler, scaler and collator states, then this rank's RNG states.
+    Call it last before the loop: nothing may draw random numbers in between."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        # strict=False: parameters that never got a gradient have no optimiser state.
+        set_optimizer_state_dict(engine, optimizer, trainer["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        optimizer.load_state_dict(trainer["optimizer"])
+    scheduler.load_state_dict(trainer["scheduler"])
+    if trainer.get("scaler"):
+        scaler.load_state_dict(trainer["scaler"])
+    collator.load_state_dict(trainer["collator"])
+    rngs = trainer["rng"]
+    # Same world size: each rank continues its own streams. Otherwise only the shared ones
+    # (data order, masks) continue exactly; dropout streams of the new ranks start afresh.
+    own = rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0]
+    ckpt.restore_rng(own, ctx.device)
+    if len(rngs) != ctx.world_size and ctx.rank > 0:
+        torch.manual_seed(int(trainer["step"]) * 7919 + ctx.rank)
+
+
+def publish_final(out: Path, write: Callable[[Path], Any], tokenizer: ckpt.Saveable) -> Path:
+    """Write ``OUT/final`` (model + tokenizer) atomically, replacing an earlier one."""
+    def write_all(directory: Path) -> None:
+        write(directory)
+        tokenizer.save(directory)
+
+    return atomic_write_dir(out / "final", write_all)

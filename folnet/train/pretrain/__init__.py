@@ -1,0 +1,11 @@
+"""Pretraining: MLM + NSP/SOP over a corpus, with LAMB/AdamW, AMP, DDP/FSDP and exact resume.
+
+* `config` holds every option of ``folnet pretrain`` (`PretrainConfig`);
+* `inputs` is what a run reads: its tokenizer, its dataset, its stream of micro-batches;
+* `loop` is the run itself (`pretrain`): model, optimiser, steps, logs, checkpoints;
+* `cli` registers the command; ``python -m folnet.train.pretrain`` (``__main__``) runs it,
+  which is what ``torchrun ... -m folnet.train.pretrain`` launches on every process.
+
+The package imports nothing itself: every ``folnet`` command imports ``cli`` to register
+itself, and that must not load the training code.
+"""

@@ -1,0 +1,64 @@
+"""``folnet pretrain``: every `PretrainConfig` field as a flag, over an optional TOML file.
+
+The flags are generated from the dataclass (`folnet.train.options.add_flags`), so the command
+line, the TOML files under ``specs/train/`` and the Python API can never drift apart. Only flags
+the user actually gives override the file (their argparse default is None).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from folnet.cli import register_command
+from folnet.errors import FolnetError
+from folnet.train.options import add_flags, given_flags
+
+
+def _model_item(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as int, float, or else a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    for cast in (int, float):
+        try:
+            return key, cast(raw)
+        except ValueError:
+            continue
+    return key, raw
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    from folnet.train.pretrain.config import PretrainConfig
+
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="TOML file of options (defaults: specs/train/pretrain.toml)")
+    add_flags(p, PretrainConfig, {
+        "model": lambda q, text: q.add_argument(
+            "--model", metavar="KEY=VALUE", action="append", type=_model_item, default=None,
+            help=text + "; repeatable"),
+        "resume": lambda q, text: q.add_argument(
+            "--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+            help=text + " (bare --resume: latest)"),
+    })
+
+
+def _run(args: argparse.Namespace) -> int:
+    from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
+    from folnet.train.pretrain.loop import pretrain
+
+    overrides = given_flags(args, PretrainConfig)
+    if "model" in overrides:
+        overrides["model"] = dict(overrides["model"])  # the --model KEY=VALUE pairs
+    config = load_pretrain_config(args.config, overrides)
+    if config.out is None:
+        raise FolnetError("--out is required: the run directory for checkpoints and logs")
+    final = pretrain(config)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"final model: {final}")
+    return 0
+
+
+register_command("pretrain", "pretrain a FOLNet with MLM + NSP/SOP (LAMB, AMP, DDP/FSDP, "
+                 "exact resume)", _configure, _run)

@@ -1,0 +1,153 @@
+"""`PretrainConfig`: every pretraining option in one frozen dataclass, loadable from TOML.
+
+Precedence, lowest first: the defaults in ``specs/train/pretrain.toml`` (kept equal to the
+dataclass defaults by a test), a ``--config FILE``, then command-line flags. Each field maps to
+a flag of the same name with dashes (``batch_size`` -> ``--batch-size``), so error messages
+name the flag a user would type. Model size overrides (D1, D2, L, dropout, ...) go in a
+``[model]`` table or ``--model KEY=VALUE``.
+
+Why `batch_size` is the *global* batch (sequences per optimiser step over all processes and
+accumulation micro-batches): the paper's 131,072-sequence batch is a property of the recipe, not
+of the machine, and a run resumed on a different number of processes keeps its meaning.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from folnet.errors import FolnetError, choices
+from folnet.train.data.config import OBJECTIVES
+from folnet.train.engine.amp import PRECISIONS
+from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
+from folnet.train.options import Options, load_layered, option, specs_file
+
+__all__ = ["MODEL_KEYS", "RESUME_FREE", "PretrainConfig", "default_config_path",
+           "load_pretrain_config"]
+
+# Model fields a user may override; vocab_size always comes from the tokenizer.
+MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_vocab_size",
+              "dropout", "attention_dropout", "backend", "max_positions", "layer_norm_eps",
+              "initializer_range")
+# Options that may differ between a run and its resumption (they do not change the result).
+RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
+                         "device", "log_every", "save_every", "keep_last", "out", "resume",
+                         "num_workers", "fsdp", "tensorboard", "progress"})
+
+
+def _model_overrides(flag: str, value: Any) -> tuple[tuple[str, Any], ...]:
+    """The ``[model]`` table (or ``--model`` pairs) as sorted (key, value) pairs, keys checked."""
+    pairs = tuple(sorted(value.items())) if isinstance(value, Mapping) else tuple(value)
+    for key, _value in pairs:
+        if key not in MODEL_KEYS:
+            raise FolnetError(f"{flag} {key}=...: unknown model field {key!r}; use "
+                              f"{choices(MODEL_KEYS)} (vocab_size comes from the tokenizer)")
+    return pairs
+
+
+@dataclass(frozen=True)
+class PretrainConfig(Options):
+    """All options of a pretraining run (see the module docstring for precedence)."""
+
+    ops: str = option("jmc.atp", "operator string of the architecture")
+    preset: str = option("base", "model size preset: tiny, small, base or large")
+    model: tuple[tuple[str, Any], ...] = option(
+        (), "model overrides KEY=VALUE (D1, D2, L, ...)", parse=_model_overrides)
+    data: str = option("kinship", "corpus: a file, a directory, a saved dataset, or 'kinship'")
+    kinship_documents: int = option(2000, "documents of the generated kinship corpus")
+    streaming: bool = option(False, "stream the corpus instead of tokenising it up front")
+    cache_dir: str | None = option(None, "tokenised-data cache (default OUT/cache)")
+    tokenizer: str | None = option(None, "tokenizer.json, vocab.txt or a directory; default: "
+                                         "train one on the corpus")
+    vocab_size: int = option(32768, "vocabulary size when training the tokenizer")
+    seq_len: int = option(128, "tokens per sequence")
+    objective: str = option("nsp", "sentence-pair objective: nsp or sop")
+    mlm_probability: float = option(0.15, "share of tokens chosen for MLM")
+    max_predictions: int = option(20, "at most this many MLM targets per sequence")
+    batch_size: int = option(256, "global batch: sequences per optimiser step, all processes")
+    grad_accum: int = option(1, "micro-batches accumulated per optimiser step")
+    steps: int = option(8000, "optimiser steps")
+    lr: float = option(1e-3, "peak learning rate")
+    warmup_ratio: float = option(0.01, "share of the steps spent warming up")
+    schedule: str = option("linear", "decay after warmup: linear, polynomial or constant")
+    power: float = option(1.0, "exponent of the polynomial decay")
+    min_lr_ratio: float = option(0.0, "final learning rate as a share of the peak")
+    weight_decay: float = option(0.01, "weight decay (biases excluded)")
+    beta1: float = option(0.9, "first-moment decay")
+    beta2: float = option(0.999, "second-moment decay")
+    eps: float = option(1e-6, "optimiser epsilon")
+    clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off)")
+    optimizer: str = option("lamb", "lamb or adamw")
+    precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
+    activation_checkpointing: bool = option(False, "recompute layers in backward to save memory")
+    compile: bool = option(False, "torch.compile the encoder (slower than eager on CPU)")
+    seed: int = option(0, "seed of data order, masks, dropout and initialisation")
+    deterministic: bool = option(False, "torch.use_deterministic_algorithms(True)")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    log_every: int = option(10, "log every N steps")
+    save_every: int = option(1000, "checkpoint every N steps (and at the end)")
+    keep_last: int = option(3, "keep the last N checkpoints")
+    out: str | None = option(None, "run directory (checkpoints, tokenizer, logs)")
+    resume: str | None = option(None, "'latest', 'auto' (latest if any) or a checkpoint dir")
+    num_workers: int = option(0, "DataLoader worker processes")
+    fsdp: bool = option(False, "shard parameters with FSDP instead of DDP")
+    tensorboard: bool = option(True, "also log to OUT/tensorboard when tensorboard imports")
+    progress: bool = option(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        self.check_types()
+        self.check_at_least((("kinship_documents", 1), ("vocab_size", 6), ("seq_len", 8),
+                             ("max_predictions", 1), ("batch_size", 1), ("grad_accum", 1),
+                             ("steps", 1), ("log_every", 1), ("save_every", 1),
+                             ("keep_last", 1), ("num_workers", 0), ("seed", 0)))
+        self.check_choices((("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
+                            ("schedule", SCHEDULES), ("precision", PRECISIONS)))
+        self.check_within((("mlm_probability", 0.0, 1.0, True),
+                           ("warmup_ratio", 0.0, 1.0, False), ("min_lr_ratio", 0.0, 1.0, False),
+                           ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))
+        self.check_non_negative(("lr", "power", "weight_decay", "eps", "clip_norm"))
+        if self.power == 0.0:
+            raise FolnetError("--power must be > 0")
+        if self.batch_size % self.grad_accum:
+            raise FolnetError(f"--batch-size {self.batch_size} is not divisible by --grad-accum "
+                              f"{self.grad_accum}")
+
+    @property
+    def model_overrides(self) -> dict[str, Any]:
+        return dict(self.model)
+
+    @property
+    def micro_batch(self) -> int:
+        """Rows of one global micro-batch (before splitting over processes)."""
+        return self.batch_size // self.grad_accum
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "model": dict(self.model)}
+
+    def resume_mismatches(self, saved: Mapping[str, Any]) -> list[str]:
+        """Options whose value differs from the run that wrote a checkpoint, as flags."""
+        bad = []
+        for name, value in self.to_dict().items():
+            if name in RESUME_FREE or name not in saved:
+                continue
+            theirs = dict(saved[name]) if name == "model" else saved[name]
+            if theirs != value:
+                bad.append(f"{self.flag(name)} (checkpoint: {theirs!r}, now: {value!r})")
+        return bad
+
+
+def default_config_path() -> Path:
+    return specs_file("train", "pretrain.toml")
+
+
+def load_pretrain_config(path: str | os.PathLike[str] | None = None,
+                         overrides: Mapping[str, Any] | None = None) -> PretrainConfig:
+    """Defaults file, then `path` (a TOML file), then `overrides` (e.g. parsed flags).
+
+    Model overrides merge key by key (a ``--model D2=32`` keeps the file's ``L``).
+    """
+    return load_layered(PretrainConfig, default_config_path(), path, overrides,
+                        tables=("model",))

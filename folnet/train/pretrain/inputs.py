@@ -1,0 +1,120 @@
+"""What a pretraining run reads: its tokenizer, its dataset and its stream of micro-batches.
+
+Every rank reads the same global micro-batches (see `folnet.train.engine.distributed`); rank 0
+alone trains the tokenizer and fills the example cache, and the other ranks wait for it and
+then read what it wrote. Data faults are reported under ``--data``, the option that chose the
+data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from folnet.errors import FolnetError
+from folnet.train.data.config import PretrainDataConfig
+from folnet.train.data.corpus import build_pretraining_dataset
+from folnet.train.data.documents import iter_documents
+from folnet.train.data.masking import PretrainingCollator
+from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_tokenizer
+from folnet.train.engine.distributed import DistContext, GlobalBatchSampler, barrier
+from folnet.train.pretrain.config import PretrainConfig
+
+__all__ = ["micro_batches", "run_dataset", "run_tokenizer"]
+
+T = TypeVar("T")
+
+
+def run_tokenizer(config: PretrainConfig, out: Path, resume: Path | None,
+                  ctx: DistContext) -> FolnetTokenizer:
+    """The run's tokenizer: the checkpoint's when resuming, ``--tokenizer``'s, or one trained
+    on the corpus by rank 0 (saved to ``OUT/tokenizer``, from which the other ranks load it)."""
+    if resume is not None:
+        return load_tokenizer(resume)
+    if config.tokenizer is not None:
+        try:
+            return load_tokenizer(config.tokenizer)
+        except FolnetError as exc:
+            raise FolnetError(f"--tokenizer: {exc}") from None
+    trained = out / "tokenizer"
+    if ctx.is_main:
+        def texts() -> Iterator[str]:  # read twice: training makes a first pass for the alphabet
+            documents = iter_documents(config.data, kinship_documents=config.kinship_documents,
+                                       seed=config.seed)
+            return (sentence for document in documents for sentence in document)
+
+        tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
+                                                         vocab_size=config.vocab_size))
+        tokenizer.save(trained)
+    barrier(ctx)
+    return tokenizer if ctx.is_main else load_tokenizer(trained)
+
+
+def _data_errors(build: Callable[[], T]) -> T:
+    """Prefix data faults with the option that chose the data."""
+    try:
+        return build()
+    except FolnetError as exc:
+        raise FolnetError(f"--data: {exc}") from None
+
+
+def run_dataset(config: PretrainConfig, tokenizer: FolnetTokenizer, out: Path,
+                ctx: DistContext) -> tuple[Dataset, PretrainDataConfig]:
+    """The run's examples (cached under ``--cache-dir``, default ``OUT/cache``, or streamed)
+    and the data configuration they were made with. Rank 0 fills the cache first."""
+    data_config = PretrainDataConfig(
+        seq_len=config.seq_len, objective=config.objective,
+        mlm_probability=config.mlm_probability, max_predictions=config.max_predictions,
+        seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
+        streaming=config.streaming, kinship_documents=config.kinship_documents)
+    dataset = None
+    if ctx.is_main:  # rank 0 fills the cache; the others then read it
+        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
+                                                                 data_config))
+    barrier(ctx)
+    if dataset is None:
+        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
+                                                                 data_config))
+    return dataset, data_config
+
+
+def micro_batches(dataset: Dataset, collator: PretrainingCollator, config: PretrainConfig,
+                  start: tuple[int, int]) -> Iterator[tuple[int, int, dict[str, torch.Tensor]]]:
+    """Endless (epoch, block, batch) of unmasked global micro-batches from `start` on; a batch
+    holds ``[micro_batch, seq_len]`` tensors (``nsp_labels`` ``[micro_batch]``).
+
+    Map-style data: `GlobalBatchSampler` resumes mid-epoch without replaying anything.
+    Streamed data: the epoch's stream is replayed up to the saved block, since a stream
+    cannot seek.
+    """
+    loader_rng = torch.Generator().manual_seed(config.seed)  # never the global RNG
+    common = {"collate_fn": collator.collate, "num_workers": config.num_workers,
+              "generator": loader_rng}
+    epoch, block = start
+    if not isinstance(dataset, IterableDataset):
+        sampler = GlobalBatchSampler(len(dataset), config.micro_batch, seed=config.seed)
+        if block >= sampler.batches_per_epoch:  # saved right at the end of an epoch
+            epoch, block = epoch + 1, 0
+        sampler.start = (epoch, block)
+        for batch in DataLoader(dataset, batch_sampler=sampler, **common):
+            yield epoch, block, batch
+            block += 1
+            if block == sampler.batches_per_epoch:
+                epoch, block = epoch + 1, 0
+        return
+    while True:  # streaming: replay the epoch's stream up to the saved block
+        dataset.set_epoch(epoch)
+        produced = 0
+        for i, batch in enumerate(DataLoader(dataset, batch_size=config.micro_batch,
+                                             drop_last=True, **common)):
+            produced += 1
+            if i >= block:
+                yield epoch, i, batch
+        if produced == 0:
+            raise FolnetError(f"--data yields fewer than one micro-batch of "
+                              f"{config.micro_batch} sequences; lower --batch-size")
+        epoch, block = epoch + 1, 0
