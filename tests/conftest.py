@@ -19,3 +19,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _operator_registry_restored():
+    """Operators a test registers -- itself or by loading a checkpoint that carries a custom
+    operator -- are unregistered after it, so no test sees another's operators."""
+    import folnet
+
+    before = {spec.symbol for spec in folnet.operators()}
+    yield
+    for spec in folnet.operators():
+        if spec.symbol not in before:
+            folnet.unregister_operator(spec.symbol)

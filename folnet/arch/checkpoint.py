@@ -8,12 +8,12 @@ model of the right kind is `folnet.arch.build.from_pretrained`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from folnet.arch.config import ModelConfig
 from folnet.errors import FolnetError
+from folnet.files import read_json
 from folnet.io import atomic_write, atomic_write_json
 from folnet.ops.registry import get_operator, register_operator
 from folnet.ops.spec import parse_spec
@@ -50,15 +50,14 @@ def save_pretrained(model: Any, directory: str | Path,
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:
+    """A checkpoint's config.json, checked to be ours."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FolnetError(f"checkpoint {str(directory)!r} has no config.json")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FolnetError(f"{path}: corrupt config.json ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise FolnetError(f"{path}: not a folnet checkpoint (format {meta.get('format')!r})")
+    meta = read_json(path, what="config.json")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise FolnetError(f"{path}: not a folnet checkpoint (format {found!r})")
     return meta
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from folnet import _toml
+from folnet import files
 from folnet.errors import FolnetError, choices
 from folnet.ops.compiler import parse_backend
 
@@ -123,11 +123,11 @@ OVERRIDES = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "vocab_
 
 def preset(name: str) -> dict[str, Any]:
     """The fields of a size preset (``specs/models/NAME.toml``)."""
-    path = _toml.specs_dir() / "models" / f"{name}.toml"
+    path = files.specs_dir() / "models" / f"{name}.toml"
     if not path.is_file():
         available = sorted(p.stem for p in path.parent.glob("*.toml"))
         raise FolnetError(f"preset {name!r} is unknown; use {choices(available)}")
-    data = _toml.load(path)
+    data = files.load(path)
     unknown = sorted(set(data) - set(OVERRIDES))
     if unknown:
         raise FolnetError(f"{path}: unknown key(s) {unknown}; allowed: {list(OVERRIDES)}")

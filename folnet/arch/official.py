@@ -8,7 +8,6 @@ mismatches are errors that name the keys.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from folnet.arch.config import ModelConfig
 from folnet.arch.layer import DualStreamLayer
 from folnet.arch.models.encoder import FolnetModel
 from folnet.errors import FolnetError
+from folnet.files import read_json
 from folnet.ops.registry import get_operator
 
 _APE_KEYS = ("folnet.encoder.abs_pos_embd.weight", "folnet.encoder.pos_embd.weight")
@@ -27,12 +27,10 @@ _READERS = {"join", "mu", "assoc", "trans", "prod"}  # reader.1 (unary) / reader
 def read_official_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     """Translate a released ``.cfg`` into our `ModelConfig` (plus the raw JSON)."""
     path = Path(path)
-    if not path.is_file():
-        raise FolnetError(f"released config {str(path)!r} does not exist")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FolnetError(f"{path}: not valid JSON ({exc})") from None
+    raw = read_json(path, what="released config")
+    if not isinstance(raw, dict):
+        raise FolnetError(f"{path}: expected a JSON object of config fields, got "
+                          f"{type(raw).__name__}")
 
     def need(key: str):
         if key not in raw:

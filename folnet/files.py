@@ -1,7 +1,9 @@
-"""TOML reading (tomllib on 3.11+, tomli before) and the location of the bundled specs/."""
+"""Reading data files: TOML (tomllib on 3.11+, tomli before) and JSON, every fault a
+`FolnetError` naming the file; and the location of the bundled specs/."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,6 +29,18 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise FolnetError(f"TOML file {str(path)!r} does not exist")
     return loads(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
+    """The JSON document at ``path``; a missing file or bad JSON is a `FolnetError` saying
+    ``what`` the file was meant to be."""
+    path = Path(path)
+    if not path.is_file():
+        raise FolnetError(f"{what} {str(path)!r} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FolnetError(f"{path}: not valid JSON ({exc})") from None
 
 
 def specs_dir() -> Path:
