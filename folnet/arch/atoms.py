@@ -42,13 +42,11 @@ def relative_position_ids(token_type_ids: torch.Tensor, delta: int,
     diff = pos[:, None, :] - pos[:, :, None]  # (B|1, T, T) tau - t
     clip = diff.abs().clamp(max=delta - 1)
     ids = torch.where(diff >= 0, clip, 2 * delta - clip)
-    same = token_type_ids[:, :, None] == token_type_ids[:, None, :]  # (B, T, T)
-    ids = torch.where(same, ids, torch.full_like(ids, delta))  # (B, T, T)
-    first = pos == 0  # (B|1, T)
+    first = pos == 0  # (B|1, T): pairs with the first token take their own ids, any segment
     row, col = first[:, :, None], first[:, None, :]
-    ids = torch.where(row & ~col, 2 * delta, ids)
-    ids = torch.where(~row & col, 2 * delta + 1, ids)
-    return torch.where(row & col, 0, ids)
+    ids = torch.where(row, torch.where(col, 0, 2 * delta), torch.where(col, 2 * delta + 1, ids))
+    same = token_type_ids[:, :, None] == token_type_ids[:, None, :]  # (B, T, T)
+    return torch.where(same | row | col, ids, delta)  # (B, T, T)
 
 
 class Atoms(nn.Module):
