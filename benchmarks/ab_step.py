@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import add_model_args, machine, table, timed, write_json
-from train_step import make_batch
+from train_step import training_step
 
 
 def _folnet_modules() -> dict:
@@ -57,19 +57,7 @@ def side(pkg, ops: str, args, dtype: str):
                             vocab_size=args.vocab_size).train()
     model.gather_mlm = True  # as pretraining runs it
     model.relations = False
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids, types, labels, nsp = make_batch(args.batch, args.seq_len, args.vocab_size)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with autocast:
-            out = model(ids, types, mlm_labels=labels, nsp_labels=nsp)
-        out.loss.backward()
-        opt.step()
-        return float(out.loss.detach())
-
-    return step
+    return training_step(model, args, dtype)
 
 
 def main(argv=None) -> int:
@@ -81,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", default="results/ab_step.json")
     args = ap.parse_args(argv)
+    args.device = "cpu"
     before_dir = Path(args.against).resolve()
     if not (before_dir / "folnet" / "__init__.py").is_file():
         ap.error(f"--against {str(before_dir)!r} holds no folnet package")

@@ -75,6 +75,24 @@ def make_batch(batch: int, seq_len: int, vocab: int, seed: int = 0):
     return ids, types, labels, nsp
 
 
+def training_step(model, args, dtype: str):
+    """One MLM + NSP step with AdamW on the benchmark's batch; returns the loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = [t.to(args.device) for t in make_batch(args.batch, args.seq_len, args.vocab_size)]
+    ids, types, labels, nsp = batch
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            out = model(ids, types, mlm_labels=labels, nsp_labels=nsp)
+        out.loss.backward()
+        opt.step()
+        return float(out.loss.detach())
+
+    return step
+
+
 def build(impl: str, ops: str, args, backend: str):
     torch.manual_seed(0)
     model = folnet.build_model(ops, preset=args.preset, head="pretraining",
@@ -100,18 +118,7 @@ def run_case(case: dict) -> dict:
     if case.get("compile"):
         model.encoder.compile()  # as `folnet pretrain --compile` does
     model.to(args.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = [t.to(args.device) for t in make_batch(args.batch, args.seq_len, args.vocab_size)]
-    ids, types, labels, nsp = batch
-    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=case["dtype"] == "bf16")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with autocast:
-            out = model(ids, types, mlm_labels=labels, nsp_labels=nsp)
-        out.loss.backward()
-        opt.step()
-        return float(out.loss.detach())
+    step = training_step(model, args, case["dtype"])
 
     before = resident_mb(args.device)
     losses = [step() for _ in range(args.warmup)]
