@@ -1,8 +1,11 @@
 """One FOLNet stack: base atoms -> L dual-stream layers -> final LayerNorm on both streams.
 
-Encoders, decoders and the encoder-decoder are thin variants of it (`folnet.arch.models`): a
-stack is causal or not, reads token types or not, may share its word embedding, may own the
-pooler, and its causal layers may read an encoder's context (``cross``).
+`run_stack` is the one implementation; `Stack` holds an encoder's atoms, layers and pooler
+under the names its checkpoints use (``encoder.atoms``, ``encoder.layers``, ``encoder.pooler``).
+The text models hold theirs under their own checkpoint names (``atoms``/``layers`` for the
+decoder, ``encoder_atoms``/``decoder_layers``... for the encoder-decoder) and run the same
+function over them. A stack is causal or not, reads token types or not, may share its word
+embedding, and its causal layers may read an encoder's context (``cross``).
 """
 
 from __future__ import annotations
@@ -21,46 +24,58 @@ from folnet.arch.layer import DualStreamLayer
 from folnet.arch.plan import ArchPlan
 
 
-class Stack(nn.Module):
-    """Base atoms, the layers of ``plan``, the final norms (and the pooler, if owned)."""
+def make_layers(cfg: ModelConfig, plan: ArchPlan, *, causal: bool = False,
+                cross: bool = False) -> nn.ModuleList:
+    """One `DualStreamLayer` per layer of the plan."""
+    return nn.ModuleList(DualStreamLayer(lp, cfg, causal=causal, cross=cross)
+                         for lp in plan.layers)
 
-    def __init__(self, cfg: ModelConfig, plan: ArchPlan, *, causal: bool = False,
-                 cross: bool = False, token_types: bool = True,
-                 shared_word: nn.Embedding | None = None, pooler: bool = False):
+
+def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.Tensor,
+              token_type_ids: torch.Tensor | None, domain: Domain, positions: torch.Tensor,
+              rel_ids: torch.Tensor | None = None, *, relations: bool = True,
+              contexts: Sequence[ContextHook] | None = None, checkpointing: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ids (B, Q) at ``positions`` (B|1, Q) of ``domain`` -> final unary atoms (B, Q, D1)
+    and binary atoms (B, Q, n, D2). ``rel_ids`` (B|1, Q, n) start the binary stream under RPE;
+    ``contexts`` gives each causal layer its context hook; ``checkpointing`` recomputes each
+    layer in the backward pass. With ``relations=False`` the last layer skips its binary-stream
+    updates (nothing would read them) and the binary atoms come back None."""
+    cfg = atoms.cfg
+    u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep())
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        kw = {"unary_only": not relations and i == last,
+              "context": None if contexts is None else contexts[i]}
+        if checkpointing and layer.training:
+            u1, u2 = torch.utils.checkpoint.checkpoint(layer, u1, u2, domain,
+                                                       use_reentrant=False, **kw)
+        else:
+            u1, u2 = layer(u1, u2, domain, **kw)
+    u1 = F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps)
+    if u2 is not None:  # LN(0) = 0: a causal stack's binary atoms stay masked
+        u2 = F.layer_norm(u2, (cfg.D2,), eps=cfg.layer_norm_eps)
+    return u1, u2
+
+
+class Stack(nn.Module):
+    """An encoder's atoms, layers and pooler."""
+
+    def __init__(self, cfg: ModelConfig, plan: ArchPlan, *, pooler: bool = True):
         super().__init__()
         self.cfg = cfg
         self.plan = plan
-        self.atoms = Atoms(cfg, token_types=token_types, shared_word=shared_word)
-        self.layers = nn.ModuleList(DualStreamLayer(lp, cfg, causal=causal, cross=cross)
-                                    for lp in plan.layers)
+        self.atoms = Atoms(cfg)
+        self.layers = make_layers(cfg, plan)
         self.pooler = nn.Linear(cfg.D1, cfg.D1) if pooler else None
         self.checkpointing = False
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 domain: Domain, positions: torch.Tensor, rel_ids: torch.Tensor | None = None,
-                *, relations: bool = True, contexts: Sequence[ContextHook] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """ids (B, Q) at ``positions`` (B|1, Q) of ``domain`` -> final unary atoms (B, Q, D1)
-        and binary atoms (B, Q, n, D2). ``rel_ids`` (B|1, Q, n) start the binary stream under
-        RPE; ``contexts`` gives each causal layer its context hook. With ``relations=False``
-        the last layer skips its binary-stream updates (nothing would read them) and the
-        binary atoms come back None."""
-        cfg = self.cfg
-        u1, u2 = self.atoms(input_ids, token_type_ids, positions, rel_ids, domain.n,
-                            domain.keep())
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            kw = {"unary_only": not relations and i == last,
-                  "context": None if contexts is None else contexts[i]}
-            if self.checkpointing and self.training:
-                u1, u2 = torch.utils.checkpoint.checkpoint(layer, u1, u2, domain,
-                                                           use_reentrant=False, **kw)
-            else:
-                u1, u2 = layer(u1, u2, domain, **kw)
-        u1 = F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps)
-        if u2 is not None:  # LN(0) = 0: a causal stack's binary atoms stay masked
-            u2 = F.layer_norm(u2, (cfg.D2,), eps=cfg.layer_norm_eps)
-        return u1, u2
+                *, relations: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """See `run_stack`."""
+        return run_stack(self.atoms, self.layers, input_ids, token_type_ids, domain, positions,
+                         rel_ids, relations=relations, checkpointing=self.checkpointing)
 
     def pool(self, u1: torch.Tensor) -> torch.Tensor:
         """tanh(Linear) of token 0: (B, D1)."""

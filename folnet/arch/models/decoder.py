@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from folnet.arch.atoms import token_positions
+from folnet.arch.atoms import Atoms, token_positions
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import Domain, visibility
 from folnet.arch.inputs import check_ids, check_labels, check_mask, check_prefix
@@ -19,21 +19,27 @@ from folnet.arch.models.text import TextModel
 from folnet.arch.objectives import lm_loss
 from folnet.arch.outputs import TextOutput
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Stack
+from folnet.arch.stack import make_layers, run_stack
 
 
 @register_kind("decoder")
 class FolnetDecoderLM(TextModel):
     """Decoder-only FOLNet language model (CausalLM, or PrefixLM with ``prefix_lengths``)."""
 
-    STATE_KEYS = (("decoder.atoms.", "atoms."), ("decoder.layers.", "layers."))
-
     def __init__(self, cfg: ModelConfig, head: str | None = None, num_labels: int = 2, *,
                  plan: ArchPlan | None = None):
         super().__init__(cfg, head, num_labels, plan=plan)
-        self.decoder = Stack(cfg, self.plan, causal=True, token_types=False)
-        self.add_head(self.decoder.atoms.embedding)
+        self.atoms = Atoms(cfg, token_types=False)
+        self.layers = make_layers(cfg, self.plan, causal=True)
+        self.add_head(self.atoms.embedding)
         self.reset_parameters()
+
+    def decoder_stack(self):
+        return self.atoms, self.layers
+
+    def _run(self, ids, domain, positions, rel, contexts=None):
+        return run_stack(self.atoms, self.layers, ids, None, domain, positions, rel,
+                         contexts=contexts, checkpointing=self.checkpointing)
 
     def _domain(self, n: int, pad: torch.Tensor | None, prefix: torch.Tensor | None,
                 device: torch.device):
@@ -56,7 +62,7 @@ class FolnetDecoderLM(TextModel):
         if labels is not None:
             check_labels(labels, (B, T))
         domain, positions, rel = self._domain(T, pad, prefix, ids.device)
-        u1, u2 = self.decoder(ids, None, domain, positions, rel)
+        u1, u2 = self._run(ids, domain, positions, rel)
         logits = self.lm(u1)  # (B, T, V)
         loss = None if labels is None else lm_loss(logits, labels, prefix, positions)
         return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss)
@@ -87,7 +93,7 @@ class FolnetDecoderLM(TextModel):
         if pad is not None:
             pad = torch.cat([pad, pad.new_ones(B, max_new_tokens)], dim=1)  # (B, cap)
         domain, positions, rel = self._domain(cap, pad, prefix, ids.device)
-        cache = GenerationCache(self.decoder.layers if use_cache else (), batch=B, capacity=cap,
+        cache = GenerationCache(self.layers if use_cache else (), batch=B, capacity=cap,
                                 visible=domain.visible, pad=pad, positions=positions,
                                 rel_ids=rel, dtype=self.lm.bias.dtype, device=ids.device)
         session = self._cached if use_cache else self._recomputed
@@ -100,9 +106,9 @@ class FolnetDecoderLM(TextModel):
         """The full square of the first ``n`` tokens (storing their context when ``store``)."""
         n = ids.shape[1]
         positions, rel = cache.atoms_at(0, n)
-        hooks = ([cache.hook(i, 0, read=False) for i in range(len(self.decoder.layers))]
+        hooks = ([cache.hook(i, 0, read=False) for i in range(len(self.layers))]
                  if store else None)
-        u1, _ = self.decoder(ids, None, cache.domain(n), positions, rel, contexts=hooks)
+        u1, _ = self._run(ids, cache.domain(n), positions, rel, hooks)
         return self.lm(u1[:, -1])  # (B, V)
 
     def _recomputed(self, ids, cache):

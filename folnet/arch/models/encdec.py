@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from folnet.arch.atoms import relative_position_ids, token_positions
+from folnet.arch.atoms import Atoms, relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import Domain, visibility
 from folnet.arch.inputs import check_ids, check_labels, check_mask
@@ -32,7 +32,7 @@ from folnet.arch.models.text import TextModel
 from folnet.arch.objectives import seq2seq_loss, shift_right
 from folnet.arch.outputs import TextOutput
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Stack
+from folnet.arch.stack import make_layers, run_stack
 from folnet.errors import FolnetError
 
 
@@ -41,19 +41,21 @@ class FolnetEncoderDecoder(TextModel):
     """Encoder-decoder FOLNet: bidirectional encoder, causal dual-stream decoder whose binary
     atoms include the input->output relations (module docstring for the layout)."""
 
-    STATE_KEYS = (("encoder.atoms.", "encoder_atoms."), ("encoder.layers.", "encoder_layers."),
-                  ("decoder.atoms.", "decoder_atoms."), ("decoder.layers.", "decoder_layers."))
     decoder_start_token_id: int = 0
 
     def __init__(self, cfg: ModelConfig, head: str | None = None, num_labels: int = 2, *,
                  plan: ArchPlan | None = None):
         super().__init__(cfg, head, num_labels, plan=plan)
-        self.encoder = Stack(cfg, self.plan)
-        word = self.encoder.atoms.embedding
-        self.decoder = Stack(cfg, self.plan, causal=True, cross=True, token_types=False,
-                             shared_word=word)
+        self.encoder_atoms = Atoms(cfg)
+        self.encoder_layers = make_layers(cfg, self.plan)
+        word = self.encoder_atoms.embedding
+        self.decoder_atoms = Atoms(cfg, token_types=False, shared_word=word)
+        self.decoder_layers = make_layers(cfg, self.plan, causal=True, cross=True)
         self.add_head(word)
         self.reset_parameters()
+
+    def decoder_stack(self):
+        return self.decoder_atoms, self.decoder_layers
 
     def encode(self, input_ids: torch.Tensor, pad: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,7 +65,9 @@ class FolnetEncoderDecoder(TextModel):
         positions = token_positions(pad, N, input_ids.device)
         rel = (relative_position_ids(types, self.cfg.delta, positions)
                if self.cfg.relative_ids else None)  # (B, N, N)
-        u1, u2 = self.encoder(input_ids, types, Domain(n=N, pad=pad), positions, rel)
+        u1, u2 = run_stack(self.encoder_atoms, self.encoder_layers, input_ids, types,
+                           Domain(n=N, pad=pad), positions, rel,
+                           checkpointing=self.checkpointing)
         return u1, u2, positions
 
     def _domain(self, enc_positions: torch.Tensor, M: int, pad: torch.Tensor | None):
@@ -80,7 +84,7 @@ class FolnetEncoderDecoder(TextModel):
     def _contexts(self, e1: torch.Tensor, e2: torch.Tensor, M: int) -> list:
         """Per decoder layer: its own context rows after the encoder's projected ones."""
         hooks = []
-        for layer in self.decoder.layers:
+        for layer in self.decoder_layers:
             cu, cb = layer.cross_context(e1, e2)  # (B, N, Wu), (B, N, N, Wb)
 
             def context(own_u, own_b, cu=cu, cb=cb):
@@ -99,9 +103,9 @@ class FolnetEncoderDecoder(TextModel):
         domain, atoms, rel = self._domain(enc_positions, M, pad)
         domain = Domain(n=domain.n, pad=pad, visible=domain.visible,
                         rows=torch.arange(N, N + M, device=dec_ids.device))
-        return self.decoder(dec_ids, None, domain, atoms[:, N:],
-                            None if rel is None else rel[:, N:],
-                            contexts=self._contexts(e1, e2, M))
+        return run_stack(self.decoder_atoms, self.decoder_layers, dec_ids, None, domain,
+                         atoms[:, N:], None if rel is None else rel[:, N:],
+                         contexts=self._contexts(e1, e2, M), checkpointing=self.checkpointing)
 
     @staticmethod
     def _domain_pad(enc_pad, dec_pad, B, M, ids):
@@ -190,10 +194,10 @@ class FolnetEncoderDecoder(TextModel):
         e1, e2, enc_positions = self.encode(ids, enc_pad)
         pad = self._domain_pad(enc_pad, None, B, cap - N, ids)
         domain, atoms, rel = self._domain(enc_positions, cap - N, pad)
-        cache = GenerationCache(self.decoder.layers, batch=B, capacity=cap,
+        cache = GenerationCache(self.decoder_layers, batch=B, capacity=cap,
                                 visible=domain.visible, pad=pad, positions=atoms, rel_ids=rel,
                                 dtype=e1.dtype, device=ids.device)
-        for i, layer in enumerate(self.decoder.layers):
+        for i, layer in enumerate(self.decoder_layers):
             cache.write(i, 0, *layer.cross_context(e1, e2))
         first = self.lm(self.step_rows(cache, start, N)[:, -1])
 

@@ -28,7 +28,7 @@ class FolnetModel(FolnetBase):
     def __init__(self, cfg: ModelConfig, head: str | None = None, num_labels: int = 2, *,
                  plan: ArchPlan | None = None):
         super().__init__(cfg, head, num_labels, plan=plan)
-        self.encoder = Stack(cfg, self.plan, pooler=True)
+        self.encoder = Stack(cfg, self.plan)
         self.add_head(self.encoder.atoms.embedding)
         self.gather_mlm = False  # training sets it: logits only at predicted positions
         # whether forward computes relation_output (the final binary stream); no built-in

@@ -6,22 +6,26 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from folnet.arch import generation
-from folnet.arch.atoms import relative_position_ids
+from folnet.arch.atoms import Atoms, relative_position_ids
 from folnet.arch.config import ModelConfig
 from folnet.arch.models.base import FolnetBase
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Stack
+from folnet.arch.stack import run_stack
 from folnet.errors import FolnetError
 
 
 class TextModel(FolnetBase):
-    """A model whose ``decoder`` stack is causal and whose head is the tied LM head."""
+    """A model with a causal decoder stack (`decoder_stack`) and the tied LM head."""
 
     default_head: ClassVar[str | None] = "lm"
-    decoder: Stack
+
+    def decoder_stack(self) -> tuple[Atoms, nn.ModuleList]:
+        """The causal stack's atoms and layers."""
+        raise NotImplementedError
 
     def __init__(self, cfg: ModelConfig, head: str | None = None, num_labels: int = 2, *,
                  plan: ArchPlan | None = None):
@@ -48,9 +52,10 @@ class TextModel(FolnetBase):
         storing their context channels in the cache; returns their final unary atoms."""
         n = start + tokens.shape[1]
         positions, rel = cache.atoms_at(start, n)
-        hooks = [cache.hook(i, start, read=True) for i in range(len(self.decoder.layers))]
-        u1, _ = self.decoder(tokens, None, cache.domain(n, start), positions, rel,
-                             contexts=hooks)  # (B, Q, D1)
+        atoms, layers = self.decoder_stack()
+        hooks = [cache.hook(i, start, read=True) for i in range(len(layers))]
+        u1, _ = run_stack(atoms, layers, tokens, None, cache.domain(n, start), positions, rel,
+                          contexts=hooks)  # (B, Q, D1)
         cache.length = n
         return u1
 
