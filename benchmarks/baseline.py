@@ -27,7 +27,7 @@ class BaselineFolnet(nn.Module):
         w = proj.weight[seg.start : seg.start + seg.width]
         b = None
         if seg.bias:
-            full = proj.bias.new_zeros(proj.width).index_copy(0, proj.bias_index, proj.bias)
+            full = proj.full()
             b = full[seg.start : seg.start + seg.width]
         return w, b
 

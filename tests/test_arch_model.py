@@ -226,8 +226,12 @@ def test_corrupt_checkpoints_are_errors(tmp_path):
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(folnet.FolnetError, match="corrupt or truncated weights"):
         folnet.from_pretrained(tmp_path / "c")
-    with pytest.raises(folnet.FolnetError, match=r"has no config\.json"):
+    with pytest.raises(folnet.FolnetError, match=r"checkpoint '.*missing' does not exist"):
         folnet.from_pretrained(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(folnet.FolnetError, match=r"is not a folnet checkpoint: expected a "
+                                                 r"directory with config\.json"):
+        folnet.from_pretrained(tmp_path / "empty")
 
 
 def test_unknown_override_and_preset():

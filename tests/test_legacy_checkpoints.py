@@ -18,7 +18,8 @@ ENCODERS = ["encoder-classification", "encoder-pretraining-ape", "encoder-qa-rpe
 
 def _load(name: str, backend: str | None = None):
     ref = load_file(str(LEGACY / name / "reference.safetensors"))
-    model = folnet.from_pretrained(LEGACY / name, backend=backend).eval()
+    runtime = {} if backend is None else {"backend": backend}
+    model = folnet.from_pretrained(LEGACY / name, **runtime).eval()
     return model, ref
 
 

@@ -12,6 +12,8 @@ from folnet.arch.checkpoint import (
     load_weights,
     read_metadata,
     read_weights,
+    resolve_model_dir,
+    run_checkpoints,
     save_pretrained,
 )
 from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
@@ -50,5 +52,7 @@ __all__ = [
     "read_metadata",
     "read_weights",
     "register_head",
+    "resolve_model_dir",
+    "run_checkpoints",
     "save_pretrained",
 ]

@@ -13,7 +13,13 @@ from typing import Any
 from torch import nn
 
 from folnet.arch import models  # noqa: F401  (registers the kinds of model)
-from folnet.arch.checkpoint import ensure_operators, load_weights, read_metadata
+from folnet.arch.checkpoint import (
+    ensure_operators,
+    load_weights,
+    read_metadata,
+    resolve_model_dir,
+    saved_num_labels,
+)
 from folnet.arch.config import ModelConfig, make_config
 from folnet.arch.kinds import model_class
 from folnet.arch.plan import ArchPlan, parse_plan
@@ -48,16 +54,39 @@ def model_from_config(cfg: ModelConfig, *, head: str | None = None, num_labels: 
     return model_class(cfg.kind)(cfg, head, num_labels, plan=plan)
 
 
-def from_pretrained(directory: str | Path, *, map_location: str = "cpu",
-                    backend: str | None = None) -> nn.Module:
-    """Rebuild a model saved with `save_pretrained` (weights loaded strictly). ``backend``
-    overrides the operators' backend the checkpoint was saved with."""
+#: Config fields a loaded model may change: they alter training or speed, not the weights.
+RUNTIME_FIELDS = ("dropout", "attention_dropout", "backend")
+
+
+def from_pretrained(path: str | Path, *, head: str | None = None, num_labels: int | None = None,
+                    map_location: str = "cpu", **runtime: Any) -> nn.Module:
+    """A model from a directory saved by `save_pretrained` (weights loaded strictly).
+
+    ``path`` is a model directory, or a run directory: its ``final/`` (pretraining), ``model/``
+    (finetuning), else its latest checkpoint. ``head`` None keeps the saved head; another head
+    name (or "none" for the bare encoder) puts that head, freshly initialised from torch's
+    global generator, on the saved encoder (``num_labels`` outputs; seed first). ``runtime``
+    overrides `RUNTIME_FIELDS` of the saved config (``dropout=0.0``, ``backend="einsum"``)."""
+    directory = resolve_model_dir(path)
     meta = read_metadata(directory)
     cfg = ModelConfig.from_dict(meta["model"])
-    if backend is not None:
-        cfg = cfg.replace(backend=backend)
+    bad = sorted(set(runtime) - set(RUNTIME_FIELDS))
+    if bad:
+        raise FolnetError(f"from_pretrained: {bad} cannot be changed on a saved model; "
+                          f"allowed: {list(RUNTIME_FIELDS)}")
+    cfg = cfg.replace(**runtime)
     ensure_operators(cfg)
-    model = model_from_config(cfg, head=meta.get("head"),
-                              num_labels=int(meta.get("num_labels", 2)))
-    load_weights(model, directory, map_location=map_location)
+    saved = meta.get("head")
+    new_head = head is not None and (None if head == "none" else head) != saved
+    if not new_head:
+        model = model_from_config(cfg, head=saved, num_labels=(
+            saved_num_labels(meta) if num_labels is None else num_labels))
+        load_weights(model, directory, map_location=map_location)
+        return model.to(map_location)
+    if cfg.kind != "encoder":
+        raise FolnetError(f"from_pretrained: a {cfg.kind!r} model keeps its 'lm' head; "
+                          f"head={head!r} applies to encoders")
+    model = model_from_config(cfg, head=None if head == "none" else head,
+                              num_labels=2 if num_labels is None else num_labels)
+    load_weights(model, directory, only="encoder.", map_location=map_location)
     return model.to(map_location)

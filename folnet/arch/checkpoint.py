@@ -8,6 +8,7 @@ model of the right kind is `folnet.arch.build.from_pretrained`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,21 @@ from folnet.ops.registry import get_operator, register_operator
 from folnet.ops.spec import parse_spec
 
 FORMAT = "folnet"
-VERSION = 1
+VERSION = 2  # 2: config.json also says model_type and architectures (transformers reads it)
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+#: The `folnet.hf` class that loads a model of each kind and head (config.json's
+#: ``architectures``, which transformers' pipelines read).
+HF_CLASSES = {
+    ("encoder", None): "FolnetModel", ("encoder", "pretraining"): "FolnetForPreTraining",
+    ("encoder", "mlm"): "FolnetForMaskedLM",
+    ("encoder", "classification"): "FolnetForSequenceClassification",
+    ("encoder", "multiple-choice"): "FolnetForMultipleChoice",
+    ("encoder", "qa"): "FolnetForQuestionAnswering",
+    ("encoder", "token-classification"): "FolnetForTokenClassification",
+    ("decoder", "lm"): "FolnetForCausalLM",
+    ("encoder-decoder", "lm"): "FolnetForConditionalGeneration",
+}
 
 
 def model_metadata(model: Any) -> dict[str, Any]:
@@ -27,6 +42,8 @@ def model_metadata(model: Any) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
+        "model_type": "folnet",
+        "architectures": [HF_CLASSES[model.cfg.kind, model.head]],
         "ops": str(model.plan),
         "kind": model.cfg.kind,
         "head": model.head,
@@ -47,6 +64,48 @@ def save_pretrained(model: Any, directory: str | Path,
                  lambda p: save_file(state, str(p), metadata={"format": FORMAT}))
     atomic_write_json(directory / "config.json", {**model_metadata(model), **(extra or {})})
     return directory
+
+
+def run_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
+    """The checkpoints of a training run, ``RUN/checkpoints/step_N``, as (N, path), oldest
+    first. Only complete ones carry that name: a checkpoint is written under a temporary name
+    and renamed when whole."""
+    root = Path(run) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), entry) for entry in root.iterdir()
+             if (m := STEP_DIR.match(entry.name)) and entry.is_dir()]
+    return sorted(found)
+
+
+def resolve_model_dir(path: str | Path, *, what: str = "checkpoint") -> Path:
+    """The model directory ``path`` names: itself when it holds config.json and
+    model.safetensors; else a run's ``final/`` (a pretraining run), its ``model/`` (a
+    finetuning run) or its latest checkpoint."""
+    root = Path(path)
+    if not root.exists():
+        raise FolnetError(f"{what} {str(root)!r} does not exist")
+    candidates = [root, root / "final", root / "model"]
+    candidates += [p for _, p in reversed(run_checkpoints(root))]
+    for candidate in candidates:
+        if (candidate / "config.json").is_file() and (candidate / "model.safetensors").is_file():
+            try:
+                read_metadata(candidate)
+            except FolnetError as exc:
+                raise FolnetError(f"{what} {str(root)!r}: {exc}") from None
+            return candidate
+    hint = ("; the run has no final/ yet and no complete checkpoint"
+            if (root / "checkpoints").is_dir() else "")
+    raise FolnetError(f"{what} {str(root)!r} is not a folnet checkpoint: expected a directory "
+                      f"with config.json and model.safetensors, or a run directory with "
+                      f"final/, model/ or checkpoints/step_N{hint}")
+
+
+def saved_num_labels(meta: dict[str, Any]) -> int:
+    """The head's output count a config.json records (transformers writes id2label)."""
+    if "num_labels" in meta:
+        return int(meta["num_labels"])
+    return len(meta.get("id2label") or {}) or 2
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:

@@ -16,17 +16,18 @@ from dataclasses import dataclass
 
 import torch
 
+from folnet.arch.outputs import ModelOutput
 from folnet.errors import FolnetError
 
 Step = Callable[[torch.Tensor], torch.Tensor]  # (B,) new tokens -> (B, V) next logits
 
 
-@dataclass
-class GenerationOutput:
+@dataclass(eq=False)
+class GenerationOutput(ModelOutput):
     """What ``generate(..., return_logits=True)`` returns."""
 
-    sequences: torch.Tensor  # (B, T0 + new): the prompt (or decoder start) and the new tokens
-    logits: torch.Tensor  # (B, new, V): the logits each new token was chosen from
+    sequences: torch.Tensor | None = None  # (B, T0 + new): the prompt and the new tokens
+    logits: torch.Tensor | None = None  # (B, new, V): the logits each new token came from
 
 
 def _is_int(value: object) -> bool:

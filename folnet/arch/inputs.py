@@ -1,7 +1,12 @@
 """Input checks shared by every kind of model, run before any computation.
 
 Every fault is a `FolnetError` (a `ValueError`) naming the argument, the value and the limit it
-breaks.
+breaks. Types and shapes are always checked. *Values* (ids in range, a real token in every mask
+row, prefix lengths) are checked when the inputs are on the CPU, where it costs nothing; on an
+accelerator each such check would make the host wait for the device, so they are skipped unless
+asked for (``model.validate = True``), and they are never run while torch.compile or
+torch.export traces (`values_checked`). Nothing here makes the computation depend on values: a
+given attention mask is always applied, even when it masks nothing.
 """
 
 from __future__ import annotations
@@ -12,9 +17,18 @@ from folnet.arch.config import ModelConfig
 from folnet.errors import FolnetError
 
 
-def check_ids(cfg: ModelConfig, ids: object, name: str = "input_ids") -> torch.Tensor:
-    """Token ids (B, T), B, T >= 1, every id in [0, vocab_size), T within an absolute-position
-    table."""
+def values_checked(tensor: torch.Tensor, validate: bool | None = None) -> bool:
+    """Whether this call checks input values: ``validate`` when given, else on the CPU only;
+    never while torch.compile or torch.export traces (the checks read values)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    return validate if validate is not None else tensor.device.type == "cpu"
+
+
+def check_ids(cfg: ModelConfig, ids: object, name: str = "input_ids", *,
+              values: bool = True) -> torch.Tensor:
+    """Token ids (B, T), B, T >= 1, every id in [0, vocab_size) (with ``values``), T within
+    an absolute-position table."""
     if not isinstance(ids, torch.Tensor):
         raise FolnetError(f"{name} must be a tensor of token ids, got {type(ids).__name__}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
@@ -24,11 +38,12 @@ def check_ids(cfg: ModelConfig, ids: object, name: str = "input_ids") -> torch.T
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise FolnetError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one "
                           f"sequence of at least one token")
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= cfg.vocab_size:
-        bad = lo if lo < 0 else hi
-        raise FolnetError(f"{name} contain id {bad}, outside the vocabulary: ids must be in "
-                          f"[0, vocab_size = {cfg.vocab_size})")
+    if values:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise FolnetError(f"{name} contain id {bad}, outside the vocabulary: ids must be in "
+                              f"[0, vocab_size = {cfg.vocab_size})")
     if cfg.absolute_positions and ids.shape[1] > cfg.max_positions:
         raise FolnetError(f"{name} have {ids.shape[1]} tokens but the absolute-position table "
                           f"has max_positions = {cfg.max_positions} rows (use position='rpe' "
@@ -36,7 +51,8 @@ def check_ids(cfg: ModelConfig, ids: object, name: str = "input_ids") -> torch.T
     return ids
 
 
-def check_token_types(cfg: ModelConfig, types: object, ids: torch.Tensor) -> torch.Tensor:
+def check_token_types(cfg: ModelConfig, types: object, ids: torch.Tensor, *,
+                      values: bool = True) -> torch.Tensor:
     """Segment ids shaped like ``ids`` in [0, type_vocab_size); zeros when None."""
     if types is None:
         return torch.zeros_like(ids)
@@ -45,33 +61,32 @@ def check_token_types(cfg: ModelConfig, types: object, ids: torch.Tensor) -> tor
                           f"{tuple(ids.shape)}, got {tuple(getattr(types, 'shape', ()))}")
     if types.is_floating_point() or types.dtype == torch.bool:
         raise FolnetError(f"token_type_ids must be integers, got {types.dtype}")
-    lo, hi = int(types.min()), int(types.max())
-    if lo < 0 or hi >= cfg.type_vocab_size:
-        raise FolnetError(f"token_type_ids contain {lo if lo < 0 else hi}, outside [0, "
-                          f"type_vocab_size = {cfg.type_vocab_size})")
+    if values:
+        lo, hi = int(types.min()), int(types.max())
+        if lo < 0 or hi >= cfg.type_vocab_size:
+            raise FolnetError(f"token_type_ids contain {lo if lo < 0 else hi}, outside [0, "
+                              f"type_vocab_size = {cfg.type_vocab_size})")
     return types
 
 
 def check_mask(mask: object, ids: torch.Tensor, name: str = "attention_mask",
-               ids_name: str = "input_ids") -> torch.Tensor | None:
-    """A (B, T) padding mask (1 = real token) as bools, or None when it masks nothing (the
-    unmasked path is the released computation, and faster)."""
+               ids_name: str = "input_ids", *, values: bool = True) -> torch.Tensor | None:
+    """A (B, T) padding mask (1 = real token) as bools, or None when none is given. A mask of
+    all ones gives the unmasked outputs (masked entries are the only ones it changes)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape):
         raise FolnetError(f"{name} must be a tensor shaped like {ids_name} "
                           f"{tuple(ids.shape)}, got {tuple(getattr(mask, 'shape', ()))}")
     keep = mask.to(torch.bool)
-    if bool(keep.all()):
-        return None
-    if not bool(keep.any(dim=1).all()):
+    if values and not bool(keep.any(dim=1).all()):
         raise FolnetError(f"{name} has a row with no real token; every sequence needs at "
                           f"least one position set to 1")
     return keep
 
 
 def check_prefix(prefix_lengths: object, batch: int, tokens: int,
-                 device: torch.device) -> torch.Tensor | None:
+                 device: torch.device, *, values: bool = True) -> torch.Tensor | None:
     """PrefixLM prefix lengths: an int or (B,) integers in [0, T]; None for a causal LM."""
     if prefix_lengths is None:
         return None
@@ -86,7 +101,7 @@ def check_prefix(prefix_lengths: object, batch: int, tokens: int,
     if tuple(prefix_lengths.shape) != (batch,):
         raise FolnetError(f"prefix_lengths must have one entry per row, shape ({batch},), got "
                           f"{tuple(prefix_lengths.shape)}")
-    for i, p in enumerate(prefix_lengths.tolist()):
+    for i, p in enumerate(prefix_lengths.tolist() if values else ()):
         if p < 0:
             raise FolnetError(f"prefix_lengths[{i}] = {p} is negative")
         if p > tokens:

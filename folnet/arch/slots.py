@@ -92,23 +92,29 @@ def build_slots(plan: LayerPlan, cfg: ModelConfig
 
 
 class FusedProjection(nn.Module):
-    """One Linear producing every segment a stream feeds; biases only where segments have one."""
+    """One Linear producing every segment a stream feeds; biases only where segments have one
+    (``bias`` holds the biased segments' channels, in order)."""
 
     def __init__(self, d_in: int, segments: list[Segment]):
         super().__init__()
         self.width = sum(s.width for s in segments)
         self.weight = nn.Parameter(torch.empty(self.width, d_in))
-        biased = [i for s in segments if s.bias for i in range(s.start, s.start + s.width)]
-        self.full_bias = len(biased) == self.width
-        self.bias = nn.Parameter(torch.zeros(len(biased))) if biased else None
-        self.register_buffer("bias_index", torch.tensor(biased, dtype=torch.long),
-                             persistent=False)
+        self.runs = tuple((s.width, s.bias) for s in segments)  # (width, biased) in order
+        biased = sum(s.width for s in segments if s.bias)
+        self.bias = nn.Parameter(torch.zeros(biased)) if biased else None
 
     def full(self) -> torch.Tensor | None:
         """The bias over every output channel (zeros where a segment has none), or None."""
-        if self.bias is None or self.full_bias:
+        if self.bias is None or all(biased for _, biased in self.runs):
             return self.bias
-        return self.bias.new_zeros(self.width).index_copy(0, self.bias_index, self.bias)
+        parts, at = [], 0
+        for width, biased in self.runs:
+            if biased:
+                parts.append(self.bias[at : at + width])
+                at += width
+            else:
+                parts.append(self.bias.new_zeros(width))
+        return torch.cat(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.full())

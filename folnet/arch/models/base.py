@@ -42,6 +42,9 @@ class FolnetBase(nn.Module):
                                   f"{num_labels}")
         self.num_labels = num_labels
         self.checkpointing = False  # recompute layers in the backward pass (text models)
+        # check input values (ids in range, ...)? None: when the inputs are on the CPU, where
+        # it is free; on an accelerator every check would wait for the device
+        self.validate: bool | None = None
 
     def add_head(self, word: nn.Embedding) -> None:
         """Register the head's modules under their checkpoint names."""

@@ -12,7 +12,13 @@ import torch
 from folnet.arch.atoms import Atoms, token_positions
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import Domain, visibility
-from folnet.arch.inputs import check_ids, check_labels, check_mask, check_prefix
+from folnet.arch.inputs import (
+    check_ids,
+    check_labels,
+    check_mask,
+    check_prefix,
+    values_checked,
+)
 from folnet.arch.kinds import register_kind
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.models.text import TextModel
@@ -55,10 +61,11 @@ class FolnetDecoderLM(TextModel):
         b's first prefix_lengths[b] tokens see each other; ``labels`` (B, T) (usually the
         input ids, -100 to ignore) gives ``.loss``, the next-token cross-entropy over the
         target positions (after the prefix); ``attention_mask`` (B, T) marks real tokens."""
-        ids = check_ids(self.cfg, input_ids)
+        values = isinstance(input_ids, torch.Tensor) and values_checked(input_ids, self.validate)
+        ids = check_ids(self.cfg, input_ids, values=values)
         B, T = ids.shape
-        pad = check_mask(attention_mask, ids)
-        prefix = check_prefix(prefix_lengths, B, T, ids.device)
+        pad = check_mask(attention_mask, ids, values=values)
+        prefix = check_prefix(prefix_lengths, B, T, ids.device, values=values)
         if labels is not None:
             check_labels(labels, (B, T))
         domain, positions, rel = self._domain(T, pad, prefix, ids.device)

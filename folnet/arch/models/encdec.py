@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from folnet.arch.atoms import Atoms, relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import Domain, visibility
-from folnet.arch.inputs import check_ids, check_labels, check_mask
+from folnet.arch.inputs import check_ids, check_labels, check_mask, values_checked
 from folnet.arch.kinds import register_kind
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.models.text import TextModel
@@ -123,21 +123,22 @@ class FolnetEncoderDecoder(TextModel):
         """input_ids (B, N), decoder_input_ids (B, M) -> logits (B, M, V) for the token after
         each decoder position. ``labels`` (B, M) are the targets themselves (-100 ignored);
         without decoder_input_ids they are shifted right behind ``decoder_start_token_id``."""
-        ids = check_ids(self.cfg, input_ids)
+        values = isinstance(input_ids, torch.Tensor) and values_checked(input_ids, self.validate)
+        ids = check_ids(self.cfg, input_ids, values=values)
         if decoder_input_ids is None:
             if labels is None:
                 raise FolnetError("give decoder_input_ids, or labels to derive them from")
             check_labels(labels, tuple(labels.shape))
             decoder_input_ids = shift_right(labels, self.decoder_start_token_id)
-        dec = check_ids(self.cfg, decoder_input_ids, "decoder_input_ids")
+        dec = check_ids(self.cfg, decoder_input_ids, "decoder_input_ids", values=values)
         if dec.shape[0] != ids.shape[0]:
             raise FolnetError(f"decoder_input_ids have {dec.shape[0]} rows but input_ids have "
                               f"{ids.shape[0]}")
         if labels is not None:
             check_labels(labels, tuple(dec.shape))
-        enc_pad = check_mask(attention_mask, ids)
+        enc_pad = check_mask(attention_mask, ids, values=values)
         dec_pad = check_mask(decoder_attention_mask, dec, "decoder_attention_mask",
-                             "decoder_input_ids")
+                             "decoder_input_ids", values=values)
         enc = self.encode(ids, enc_pad)
         u1, u2 = self._decode(enc, dec, self._domain_pad(enc_pad, dec_pad, *dec.shape, ids))
         logits = self.lm(u1)  # (B, M, V)

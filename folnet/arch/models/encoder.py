@@ -12,7 +12,7 @@ from folnet.arch.atoms import relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import Domain
 from folnet.arch.heads import Targets
-from folnet.arch.inputs import check_ids, check_mask, check_token_types
+from folnet.arch.inputs import check_ids, check_mask, check_token_types, values_checked
 from folnet.arch.kinds import register_kind
 from folnet.arch.models.base import FolnetBase
 from folnet.arch.outputs import FolnetOutput
@@ -56,20 +56,21 @@ class FolnetModel(FolnetBase):
             input_ids, token_type_ids, attention_mask = (
                 None if t is None else t.flatten(0, 1)
                 for t in (input_ids, token_type_ids, attention_mask))
-        ids = check_ids(self.cfg, input_ids)
-        types = check_token_types(self.cfg, token_type_ids, ids)
-        pad = check_mask(attention_mask, ids)
+        values = isinstance(input_ids, torch.Tensor) and values_checked(input_ids, self.validate)
+        ids = check_ids(self.cfg, input_ids, values=values)
+        types = check_token_types(self.cfg, token_type_ids, ids, values=values)
+        pad = check_mask(attention_mask, ids, values=values)
         T = ids.shape[1]
         positions = token_positions(pad, T, ids.device)  # (B|1, T)
         rel = (relative_position_ids(types, self.cfg.delta, positions)
                if self.cfg.relative_ids else None)  # (B, T, T)
         domain = Domain(n=T, pad=pad, rel_ids=rel if self.cfg.position == "rpe*" else None)
         seq, rel_out = self.encoder(ids, types, domain, positions, rel, relations=self.relations)
-        out = FolnetOutput(seq, self.encoder.pool(seq), rel_out)
+        pooled = self.encoder.pool(seq)
         if shape is not None:  # (B*C, ...) -> (B, C, ...)
-            out = FolnetOutput(*(None if t is None else t.unflatten(0, shape)
-                                 for t in (out.sequence_output, out.pooled_output,
-                                           out.relation_output)))
+            seq, pooled, rel_out = (None if t is None else t.unflatten(0, shape)
+                                    for t in (seq, pooled, rel_out))
+        out = FolnetOutput(sequence_output=seq, pooled_output=pooled, relation_output=rel_out)
         if self.head_spec is not None:
             losses = self.head_spec.forward(self, out, Targets(
                 labels=labels, mlm_labels=mlm_labels, nsp_labels=nsp_labels,

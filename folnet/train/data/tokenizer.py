@@ -52,7 +52,8 @@ class FolnetTokenizer:
     pairs itself from whole sentences.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, source: str = "<memory>") -> None:
+    def __init__(self, tokenizer: Tokenizer, *, source: str = "<memory>",
+                 model_max_length: int = 512) -> None:
         missing = _missing_specials(tokenizer)
         if missing:
             raise FolnetError(
@@ -68,6 +69,8 @@ class FolnetTokenizer:
             special_tokens=[(_CLS, self._ids[_CLS]), (_SEP, self._ids[_SEP])],
         )
         self._fingerprint: str | None = None
+        # the longest input the model was trained on (tokenizer_config.json says it)
+        self.model_max_length = int(model_max_length)
 
     # -- special ids -------------------------------------------------------------------------
     pad_id = _special_id(_PAD)
@@ -130,10 +133,14 @@ class FolnetTokenizer:
         return [by_id[i] for i in range(len(by_id))]
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write `tokenizer.json` and `vocab.txt` into `directory` (created); return it.
+        """Write `tokenizer.json`, `vocab.txt`, `tokenizer_config.json` and
+        `special_tokens_map.json` into `directory` (created); return it.
 
         `vocab.txt` is the portable BERT format; `tokenizer.json` additionally keeps the
-        normaliser settings (lowercasing), so prefer it when both are present.
+        normaliser settings (lowercasing) and the `[CLS] A [SEP] B [SEP]` post-processor, so
+        prefer it when both are present. The two config files let `transformers.AutoTokenizer`
+        load the directory with its special tokens (pad, unk, cls, sep, mask) and
+        `model_max_length`, so its collators pad batches the model reads directly.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -141,6 +148,15 @@ class FolnetTokenizer:
         (directory / "vocab.txt").write_text(
             "".join(tok + "\n" for tok in self.vocab()), encoding="utf-8"
         )
+        specials = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
+                            SPECIAL_TOKENS, strict=True))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
+                  "model_max_length": self.model_max_length, "padding_side": "right",
+                  "truncation_side": "right", "clean_up_tokenization_spaces": False,
+                  "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
+        for name, payload in (("tokenizer_config.json", config),
+                              ("special_tokens_map.json", specials)):
+            (directory / name).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         return directory
 
     @property
@@ -342,4 +358,11 @@ def load_tokenizer(
         )
     if lowercase is not None:
         _bert_pipeline(tokenizer, lowercase)
-    return FolnetTokenizer(tokenizer, source=str(path))
+    length = 512
+    config = path.parent / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            length = int(json.loads(config.read_text(encoding="utf-8"))["model_max_length"])
+        except (ValueError, KeyError, TypeError):
+            raise FolnetError(f"{config}: no integer model_max_length") from None
+    return FolnetTokenizer(tokenizer, source=str(path), model_max_length=length)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from folnet.arch import load_weights, read_metadata
+from folnet.arch import load_weights, read_metadata, run_checkpoints
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_dir, discard_dir
 
@@ -55,7 +54,6 @@ __all__ = [
 TRAINER_FILE = "trainer.pt"
 TRAINER_FORMAT = "folnet-trainer"
 TRAINER_VERSION = 1
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def checkpoint_dir(out: str | os.PathLike[str]) -> Path:
@@ -64,15 +62,7 @@ def checkpoint_dir(out: str | os.PathLike[str]) -> Path:
 
 def list_checkpoints(out: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``OUT/checkpoints`` as (step, path), oldest first."""
-    root = checkpoint_dir(out)
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and entry.is_dir():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
+    return run_checkpoints(out)
 
 
 def resolve_resume(out: str | os.PathLike[str], resume: str | None) -> Path | None:

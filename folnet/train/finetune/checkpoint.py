@@ -15,11 +15,9 @@ from typing import Any
 
 from folnet.arch import (
     FolnetModel,
-    ModelConfig,
-    ensure_operators,
     from_pretrained,
-    load_weights,
     read_metadata,
+    resolve_model_dir,
 )
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer
@@ -31,28 +29,12 @@ TASK_HEADS = ("classification", "multiple-choice", "qa", "token-classification")
 
 
 def resolve_checkpoint(path: str | Path | None, option: str = "--from") -> Path:
-    """The checkpoint directory ``path`` names: itself when it holds ``config.json`` and
-    ``model.safetensors``, or the ``final/`` (else ``model/``) directory of a run."""
+    """The model directory ``path`` names (`folnet.arch.resolve_model_dir`: itself, a run's
+    ``final/``, ``model/`` or latest checkpoint)."""
     if path is None:
         raise FolnetError(f"{option} is required: a pretraining run directory or a folnet "
                           f"checkpoint directory")
-    root = Path(path)
-    if not root.exists():
-        raise FolnetError(f"{option} {str(root)!r} does not exist")
-    for candidate in (root, root / "final", root / "model"):
-        if (candidate / "config.json").is_file() and (candidate / "model.safetensors").is_file():
-            try:
-                read_metadata(candidate)
-            except FolnetError as exc:
-                raise FolnetError(f"{option} {str(root)!r}: {exc}") from None
-            return candidate
-    hint = ""
-    if (root / "checkpoints").is_dir():
-        hint = (f"; the run has no final/ yet -- give one of its checkpoints, e.g. "
-                f"{str(root / 'checkpoints')!r}/step_N")
-    raise FolnetError(f"{option} {str(root)!r} is not a folnet checkpoint: expected a directory "
-                      f"with config.json and model.safetensors, or a run directory with "
-                      f"final/{hint}")
+    return resolve_model_dir(path, what=option)
 
 
 def task_tokenizer(checkpoint: Path, override: str | Path | None = None) -> FolnetTokenizer:
@@ -82,15 +64,6 @@ def check_vocabulary(meta: dict[str, Any], tokenizer: FolnetTokenizer, where: st
                           f"different vocabulary): use the tokenizer saved with the checkpoint")
 
 
-def _config(meta: dict[str, Any], where: str, dropout: float | None) -> ModelConfig:
-    if meta.get("kind", "encoder") != "encoder":
-        raise FolnetError(f"{where}: a {meta.get('kind')!r} checkpoint cannot be finetuned "
-                          f"here; the task heads sit on an encoder")
-    cfg = ModelConfig.from_dict(meta["model"])
-    ensure_operators(cfg)
-    return cfg if dropout is None else cfg.replace(dropout=float(dropout))
-
-
 def build_task_model(checkpoint: Path, head: str, num_labels: int = 2,
                      dropout: float | None = None) -> FolnetModel:
     """A model with a freshly initialised ``head`` over the checkpoint's encoder weights.
@@ -99,9 +72,12 @@ def build_task_model(checkpoint: Path, head: str, num_labels: int = 2,
     """
     if head not in TASK_HEADS:
         raise FolnetError(f"head {head!r} is not a task head: expected one of {TASK_HEADS}")
-    meta = read_metadata(checkpoint)
-    model = FolnetModel(_config(meta, str(checkpoint), dropout), head=head, num_labels=num_labels)
-    load_weights(model, checkpoint, only="encoder.")
+    kind = read_metadata(checkpoint).get("kind", "encoder")
+    if kind != "encoder":
+        raise FolnetError(f"{checkpoint}: a {kind!r} checkpoint cannot be finetuned here; the "
+                          f"task heads sit on an encoder")
+    runtime = {} if dropout is None else {"dropout": float(dropout)}
+    model = from_pretrained(checkpoint, head=head, num_labels=num_labels, **runtime)
     model.relations = False  # no task head reads the final binary stream: skip computing it
     return model
 
@@ -126,5 +102,4 @@ def load_finetuned(path: str | Path, tokenizer: str | Path | None = None,
                           f"finetuned one; finetune it first with folnet finetune")
     tok = task_tokenizer(directory, tokenizer)
     check_vocabulary(meta, tok, f"{option} {str(path)!r}")
-    _config(meta, str(directory), None)
     return from_pretrained(directory), tok, meta

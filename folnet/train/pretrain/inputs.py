@@ -49,6 +49,7 @@ def run_tokenizer(config: PretrainConfig, out: Path, resume: Path | None,
 
         tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
                                                          vocab_size=config.vocab_size))
+        tokenizer.model_max_length = config.seq_len
         tokenizer.save(trained)
     barrier(ctx)
     return tokenizer if ctx.is_main else load_tokenizer(trained)
