@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -e '.[train,hf,dev]'
 	touch $@
 
 test: setup

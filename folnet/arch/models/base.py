@@ -52,6 +52,10 @@ class FolnetBase(nn.Module):
             for name, module in self.head_spec.build(self.cfg, self.num_labels, word).items():
                 self.add_module(name, module)
 
+    def word_embedding(self) -> nn.Embedding:
+        """The word embedding (the LM heads' decoder is tied to it)."""
+        raise NotImplementedError
+
     def reset_parameters(self) -> None:
         """BERT-style init: N(0, initializer_range) weights and embeddings, zero biases."""
         for name, param in self.named_parameters():

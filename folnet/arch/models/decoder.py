@@ -40,6 +40,9 @@ class FolnetDecoderLM(TextModel):
         self.add_head(self.atoms.embedding)
         self.reset_parameters()
 
+    def word_embedding(self):
+        return self.atoms.embedding
+
     def decoder_stack(self):
         return self.atoms, self.layers
 

@@ -54,6 +54,9 @@ class FolnetEncoderDecoder(TextModel):
         self.add_head(word)
         self.reset_parameters()
 
+    def word_embedding(self):
+        return self.encoder_atoms.embedding
+
     def decoder_stack(self):
         return self.decoder_atoms, self.decoder_layers
 

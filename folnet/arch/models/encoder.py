@@ -37,6 +37,9 @@ class FolnetModel(FolnetBase):
         self.relations = True
         self.reset_parameters()
 
+    def word_embedding(self):
+        return self.encoder.atoms.embedding
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *,
                 labels: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None,

@@ -1,0 +1,69 @@
+"""`FolnetConfig`: a folnet model config as transformers sees it.
+
+A directory saved by `folnet.save_pretrained` already holds what this class reads: its
+config.json says ``model_type: "folnet"`` and carries the folnet config under ``model`` (the
+operator string, the sizes, the specs of custom operators), the ``kind`` and the ``head``. A
+directory saved through transformers (``FolnetForX.save_pretrained``) keeps those keys, so
+`folnet.from_pretrained` reads it back too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+from folnet.arch import ModelConfig, ensure_operators
+from folnet.arch.config import OVERRIDES, make_config
+from folnet.errors import FolnetError
+
+
+class FolnetConfig(PreTrainedConfig):
+    """The folnet config (``model``), its kind and head, plus transformers' own fields."""
+
+    model_type = "folnet"
+
+    model: dict | None = None  # folnet.ModelConfig.to_dict(); None: ops on the preset
+    ops: str | None = None  # operator string (with ``preset`` when ``model`` is None)
+    preset: str = "base"
+    kind: str = "encoder"
+    head: str | None = None  # the head of the saved model
+    format: str = "folnet"
+    version: int = 2
+    pad_token_id: int | None = 0
+    tie_word_embeddings: bool = False  # the LM heads share the embedding by construction
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.model is None:
+            overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in OVERRIDES}
+            self.model = make_config(self.ops or "jmc.atp", preset_name=self.preset,
+                                     kind=self.kind, overrides=overrides).to_dict()
+        self.ops = self.model.get("ops", self.ops)
+        self.kind = self.model.get("kind", self.kind)
+        if self.kind != "encoder":  # a text model's "num_labels" is its vocabulary
+            kwargs.pop("num_labels", None)
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_folnet(cls, cfg: ModelConfig, head: str | None = None, num_labels: int = 2,
+                    **kwargs: Any) -> FolnetConfig:
+        """The config of a native folnet model (``model.cfg``, ``model.head``)."""
+        return cls(model=cfg.to_dict(), head=head, num_labels=num_labels, **kwargs)
+
+    def model_config(self) -> ModelConfig:
+        """The folnet `ModelConfig`, its custom operators registered."""
+        try:
+            cfg = ModelConfig.from_dict(self.model)
+        except TypeError as exc:
+            raise FolnetError(f"FolnetConfig.model is not a folnet model config: {exc}") from None
+        ensure_operators(cfg)
+        return cfg
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model["vocab_size"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model["D1"])
+

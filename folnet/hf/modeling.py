@@ -1,0 +1,207 @@
+"""transformers classes over the native folnet models (same modules, same state-dict keys).
+
+Each class builds the native model of its kind and head and adopts its submodules under their
+own names, so the state dict, and model.safetensors, is the native one: a directory saved by
+`folnet.save_pretrained` loads here and one saved here loads in `folnet.from_pretrained`. The
+forward takes transformers' argument names and order (``input_ids, attention_mask,
+token_type_ids, ..., labels``) and returns transformers' output classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import (
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils import ModelOutput
+
+from folnet.arch import model_from_config
+from folnet.errors import FolnetError
+from folnet.hf.config import FolnetConfig
+
+try:  # transformers 5: initialisers that skip weights already loaded
+    from transformers import initialization as init
+except ImportError:  # pragma: no cover
+    from torch.nn import init
+
+
+class FolnetPreTrainedModel(PreTrainedModel):
+    """The native folnet model of the class's kind and head, as a transformers model."""
+
+    config_class = FolnetConfig
+    base_model_prefix = "encoder"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    kind: ClassVar[str] = "encoder"
+    head: ClassVar[str | None] = None
+    relations: ClassVar[bool] = False  # does any output read the final binary stream?
+
+    def __init__(self, config: FolnetConfig):
+        super().__init__(config)
+        cfg = config.model_config()
+        if cfg.kind != self.kind:
+            raise FolnetError(f"{type(self).__name__} is a {self.kind!r} model, the config "
+                              f"describes a {cfg.kind!r} one")
+        native = model_from_config(cfg, head=self.head, num_labels=config.num_labels)
+        native.relations = self.relations
+        for name, child in native.named_children():  # adopted: the native keys, shared
+            self.add_module(name, child)
+        object.__setattr__(self, "native", native)  # not a submodule: no second key
+        config.head = native.head
+        self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any):
+        """transformers' loading, then every weight copied out of the file mapping: safetensors
+        offsets leave mapped tensors unaligned, and the CPU matrix kernels then take other code
+        paths that round differently (measured: ~1e-7 off the native model's outputs)."""
+        model = super().from_pretrained(*args, **kwargs)
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                tensor.data = tensor.data.clone()
+        return model
+
+    def train(self, mode: bool = True) -> FolnetPreTrainedModel:
+        super().train(mode)
+        self.native.training = mode
+        return self
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """folnet's init: N(0, initializer_range) weights and embeddings, zero biases."""
+        std = float(self.config.model["initializer_range"])
+        for name, param in module.named_parameters(recurse=False):
+            if name.endswith("bias"):
+                init.zeros_(param)
+            else:
+                init.normal_(param, mean=0.0, std=std)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.native.word_embedding()
+
+    def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        self.native.set_activation_checkpointing(True)
+
+    def activation_checkpointing_disable(self) -> None:
+        self.native.set_activation_checkpointing(False)
+
+    gradient_checkpointing_enable = activation_checkpointing_enable
+    gradient_checkpointing_disable = activation_checkpointing_disable
+
+    def _encoder_forward(self, input_ids, attention_mask, token_type_ids, **labels):
+        return self.native(input_ids, token_type_ids=token_type_ids,
+                           attention_mask=attention_mask, **labels)
+
+
+@dataclass
+class FolnetModelOutput(ModelOutput):
+    """The bare encoder's outputs: final unary atoms, pooled token 0, final binary atoms."""
+
+    last_hidden_state: torch.Tensor | None = None  # (B, T, D1)
+    pooler_output: torch.Tensor | None = None  # (B, D1)
+    relation_output: torch.Tensor | None = None  # (B, T, T, D2)
+
+
+@dataclass
+class FolnetForPreTrainingOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None  # (B, T, V)
+    seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
+
+
+def _returned(output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+    return output if return_dict is not False else output.to_tuple()
+
+
+class FolnetModel(FolnetPreTrainedModel):
+    """The bare encoder (``AutoModel``)."""
+
+    relations = True
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
+                return_dict: bool | None = None, **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids)
+        return _returned(FolnetModelOutput(out.sequence_output, out.pooled_output,
+                                           out.relation_output), return_dict)
+
+
+class FolnetForPreTraining(FolnetPreTrainedModel):
+    """MLM (tied to the word embedding) + NSP/SOP (``AutoModelForPreTraining``)."""
+
+    head = "pretraining"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                next_sentence_label=None, return_dict: bool | None = None, **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
+                                    mlm_labels=labels, nsp_labels=next_sentence_label)
+        return _returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits),
+                         return_dict)
+
+
+class FolnetForMaskedLM(FolnetPreTrainedModel):
+    """MLM head tied to the word embedding (``AutoModelForMaskedLM``); ``labels`` as the
+    collators give them (-100 where nothing is predicted)."""
+
+    head = "mlm"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                return_dict: bool | None = None, **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
+                                    mlm_labels=labels)
+        return _returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits), return_dict)
+
+
+class FolnetForSequenceClassification(FolnetPreTrainedModel):
+    """Dropout + Linear on the pooled token 0; ``num_labels=1`` is regression (MSE)."""
+
+    head = "classification"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                return_dict: bool | None = None, **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
+        return _returned(SequenceClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
+
+
+class FolnetForMultipleChoice(FolnetPreTrainedModel):
+    """One score per choice; inputs (batch, choices, tokens)."""
+
+    head = "multiple-choice"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                return_dict: bool | None = None, **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
+        return _returned(MultipleChoiceModelOutput(loss=out.loss, logits=out.logits),
+                         return_dict)
+
+
+class FolnetForQuestionAnswering(FolnetPreTrainedModel):
+    """Span start and end logits per token."""
+
+    head = "qa"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
+                start_positions=None, end_positions=None, return_dict: bool | None = None,
+                **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
+                                    start_positions=start_positions, end_positions=end_positions)
+        return _returned(QuestionAnsweringModelOutput(
+            loss=out.loss, start_logits=out.start_logits, end_logits=out.end_logits), return_dict)
+
+
+class FolnetForTokenClassification(FolnetPreTrainedModel):
+    """One label per token (-100 ignored)."""
+
+    head = "token-classification"
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                return_dict: bool | None = None, **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
+        return _returned(TokenClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
