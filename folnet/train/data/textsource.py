@@ -147,12 +147,23 @@ def _module_docs(module: ModuleType) -> Iterator[str]:
             yield doc
         if inspect.isclass(obj):
             for member_name, member in sorted(vars(obj).items()):
-                if member_name.startswith("_"):
+                if member_name.startswith("_") or _patched_in(member):
                     continue
                 if inspect.isroutine(member) or isinstance(member, property):
                     member_doc = inspect.getdoc(member)
                     if member_doc:
                         yield member_doc
+
+
+def _patched_in(member: object) -> bool:
+    """A method another package added to a stdlib class (transformers adds ``warning_once``
+    and others to `logging.Logger`): its function was defined outside the standard library,
+    and the corpus must not depend on what else the process imported."""
+    home = getattr(getattr(member, "fget", member), "__module__", None)
+    return isinstance(home, str) and home.split(".")[0] not in _STDLIB
+
+
+_STDLIB = frozenset(sys.stdlib_module_names) | {"builtins"}
 
 
 @lru_cache(maxsize=1)
