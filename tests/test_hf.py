@@ -175,3 +175,17 @@ def test_trainer_trains_a_folnet_classifier(tmp_path, tokenizer_dir):
     assert len(losses) == 6 and losses[-1] < 0.2 * losses[0], losses
     metrics = trainer.evaluate()
     assert metrics["eval_accuracy"] >= 0.9, metrics
+
+
+def test_mlm_collator_batches_feed_the_model(tmp_path, tokenizer_dir):
+    """DataCollatorForLanguageModeling's batches (masked ids, -100 labels) go straight in."""
+    tok = AUTO.AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    model = AUTO.AutoModelForMaskedLM.from_config(
+        FolnetConfig(ops="j.a", preset="tiny", vocab_size=len(tok)))
+    collate = AUTO.DataCollatorForLanguageModeling(tok, mlm_probability=0.3, seed=0)
+    batch = collate([tok("alice is the mother of bob"), tok("carol went home")])
+    assert (batch["labels"] != -100).any() and (batch["input_ids"] == tok.mask_token_id).any()
+    out = model(**batch)
+    assert out.logits.shape == (*batch["input_ids"].shape, len(tok))
+    assert torch.isfinite(out.loss) and out.loss > 0
