@@ -37,7 +37,7 @@ def test_no_loss_no_key_and_fields_can_be_set():
     out = _classifier_output(labels=False)
     assert "loss" not in out and out[0] is out.sequence_output
     out["loss"] = torch.tensor(1.0)
-    assert out[0] is out.loss and list(out)[0] == "loss"
+    assert out[0] is out.loss and next(iter(out)) == "loss"
     out.logits = None
     assert "logits" not in out
     with pytest.raises(KeyError):
