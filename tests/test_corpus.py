@@ -123,11 +123,9 @@ def test_every_source_format_reads_the_same_documents(tmp_path):
     lines = "".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs))
     (tmp_path / "c.jsonl").write_text(lines, encoding="utf-8")
     (tmp_path / "c.json").write_text(json.dumps([{"text": d} for d in docs]), encoding="utf-8")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.table({"text": docs}), tmp_path / "c.parquet")
     import datasets
+
+    datasets.Dataset.from_dict({"text": docs}).to_parquet(str(tmp_path / "c.parquet"))
 
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "saved"))
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs})}).save_to_disk(
@@ -290,15 +288,15 @@ def test_streaming_yields_valid_balanced_examples(english, tok):
 
 
 def test_streaming_is_lazy(tmp_path, tok):
-    path = tmp_path / "big.jsonl"
-    good = "".join(
+    good = tmp_path / "a-good.jsonl"
+    good.write_text("".join(
         json.dumps({"text": f"Part {d} one. Part two. Part three."}) + "\n" for d in range(1000)
-    )  # well past the 256-document tokenising batch
-    path.write_text(good + "{broken\n", encoding="utf-8")
+    ), encoding="utf-8")  # well past the 256-document tokenising batch
+    (tmp_path / "b-broken.jsonl").write_text('{"text": "fine."}\n{broken\n', encoding="utf-8")
     config = PretrainDataConfig(seq_len=24, streaming=True)
-    stream = iter_pretraining_examples(path, tok, config, document_window=4, shuffle_buffer=1)
-    check_layout(next(stream), tok, 24)  # served before the broken tail is ever read
-    with pytest.raises(FolnetError, match=r"big\.jsonl:1001: invalid JSON"):
+    stream = iter_pretraining_examples(tmp_path, tok, config, document_window=4, shuffle_buffer=1)
+    check_layout(next(stream), tok, 24)  # served before the broken file is ever read
+    with pytest.raises(FolnetError, match=r"cannot read '.*b-broken\.jsonl' as json: JSON parse"):
         list(stream)
 
 
@@ -329,9 +327,15 @@ def test_source_errors(tmp_path, tok):
     (tmp_path / "hollow" / "readme.md").write_text("x", encoding="utf-8")
     with pytest.raises(FolnetError, match=r"corpus directory '.*hollow' is empty"):
         build_pretraining_dataset(tmp_path / "hollow", tok, config)
-    (tmp_path / "data.csv").write_text("text\nhello\n", encoding="utf-8")
-    with pytest.raises(FolnetError, match=r"data\.csv' has unsupported type '\.csv'"):
-        build_pretraining_dataset(tmp_path / "data.csv", tok, config)
+    (tmp_path / "data.docx").write_text("text\nhello\n", encoding="utf-8")
+    with pytest.raises(FolnetError, match=r"data\.docx' has unsupported type '\.docx'; expected"):
+        build_pretraining_dataset(tmp_path / "data.docx", tok, config)
+    (tmp_path / "data.parquet.gz").write_text("x", encoding="utf-8")
+    with pytest.raises(FolnetError, match=r"unsupported type '\.parquet\.gz'"):
+        build_pretraining_dataset(tmp_path / "data.parquet.gz", tok, config)
+    with pytest.raises(FolnetError, match=r"corpus pattern '.*\*\.jsonl' matches no file .*"
+                                          r"\(0 match\(es\) in all\)"):
+        build_pretraining_dataset(str(tmp_path / "*.jsonl"), tok, config)
     with pytest.raises(FolnetError, match="empty list"):
         build_pretraining_dataset([], tok, config)
 
@@ -356,20 +360,32 @@ def test_unusable_corpus_errors(tmp_path, tok):
 
 
 def test_malformed_records(tmp_path, tok):
+    import datasets
+
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "Fine. Fine."}\n{"body": "no text"}\n', encoding="utf-8")
-    with pytest.raises(FolnetError, match=r"bad\.jsonl:2: expected a JSON object with a string"):
+    bad.write_text('{"body": "No text. At all."}\n{"body": "no text"}\n', encoding="utf-8")
+    with pytest.raises(FolnetError, match=r"bad\.jsonl' has no column 'text' \(columns: "
+                                          r"\['body'\]\); pick one with --text-column"):
         list(iter_documents(bad))
+    assert list(iter_documents(bad, text_column="body")) == [["No text.", "At all."], ["no text"]]
+    mixed = tmp_path / "mixed.jsonl"  # a record without the column reads as null: skipped
+    mixed.write_text('{"text": "Fine. Fine."}\n{"body": "x"}\n{"text": "Ok."}\n', encoding="utf-8")
+    assert list(iter_documents(mixed)) == [["Fine.", "Fine."], ["Ok."]]
     broken = tmp_path / "broken.json"
     broken.write_text('[{"text": "a"}, ', encoding="utf-8")
-    with pytest.raises(FolnetError, match=r"broken\.json: invalid JSON"):
+    with pytest.raises(FolnetError, match=r"cannot read '.*broken\.json' as json"):
         list(iter_documents(broken))
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "t.parquet")
-    with pytest.raises(FolnetError, match=r"t\.parquet' has no 'text' column"):
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"text": "Fine."}\n{"text": 7}\n', encoding="utf-8")
+    with pytest.raises(FolnetError, match=r"numbers\.jsonl' record 2: column 'text' holds int 7"):
+        list(iter_documents(numbers))
+    datasets.Dataset.from_dict({"body": ["x"]}).to_parquet(str(tmp_path / "t.parquet"))
+    with pytest.raises(FolnetError, match=r"t\.parquet' has no column 'text' \(columns: "
+                                          r"\['body'\]\)"):
         list(iter_documents(tmp_path / "t.parquet"))
+    datasets.Dataset.from_dict({"body": ["x"]}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(FolnetError, match=r"saved' has no column 'text' \(columns: \['body'\]"):
+        list(iter_documents(tmp_path / "saved"))
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ class PretrainDataConfig:
     cache_dir: str | os.PathLike[str] | None = None
     streaming: bool = False
     kinship_documents: int = 2000
+    text_column: str = "text"
 
     def __post_init__(self) -> None:
         def integer(name: str, low: int) -> None:
@@ -58,6 +59,11 @@ class PretrainDataConfig:
         p = self.short_seq_prob
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise FolnetError(f"PretrainDataConfig.short_seq_prob must lie in [0, 1), got {p!r}")
+        if not isinstance(self.text_column, str) or not self.text_column:
+            raise FolnetError(
+                f"PretrainDataConfig.text_column must be a non-empty string, "
+                f"got {self.text_column!r}"
+            )
         if not isinstance(self.streaming, bool):
             raise FolnetError(
                 f"PretrainDataConfig.streaming must be a bool, got {self.streaming!r}"

@@ -56,7 +56,10 @@ class PretrainConfig(Options):
     preset: str = option("base", "model size preset: tiny, small, base or large")
     model: tuple[tuple[str, Any], ...] = option(
         (), "model overrides KEY=VALUE (D1, D2, L, ...)", parse=_model_overrides)
-    data: str = option("kinship", "corpus: a file, a directory, a saved dataset, or 'kinship'")
+    data: str = option("kinship", "corpus: a file, a folder, a glob, a save_to_disk folder, or "
+                       "'kinship' (.txt .json .jsonl .csv .parquet .arrow; .gz .bz2 .xz .zst)")
+    text_column: str = option("text", "the column that holds the text (json, csv, parquet, "
+                              "arrow, saved datasets)")
     kinship_documents: int = option(2000, "documents of the generated kinship corpus")
     streaming: bool = option(False, "stream the corpus instead of tokenising it up front")
     cache_dir: str | None = option(None, "tokenised-data cache (default OUT/cache)")

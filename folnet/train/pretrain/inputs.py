@@ -44,6 +44,7 @@ def run_tokenizer(config: PretrainConfig, out: Path, resume: Path | None,
     if ctx.is_main:
         def texts() -> Iterator[str]:  # read twice: training makes a first pass for the alphabet
             documents = iter_documents(config.data, kinship_documents=config.kinship_documents,
+                                       text_column=config.text_column,
                                        seed=config.seed)
             return (sentence for document in documents for sentence in document)
 
@@ -71,7 +72,8 @@ def run_dataset(config: PretrainConfig, tokenizer: FolnetTokenizer, out: Path,
         seq_len=config.seq_len, objective=config.objective,
         mlm_probability=config.mlm_probability, max_predictions=config.max_predictions,
         seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
-        streaming=config.streaming, kinship_documents=config.kinship_documents)
+        streaming=config.streaming, kinship_documents=config.kinship_documents,
+        text_column=config.text_column)
     dataset = None
     if ctx.is_main:  # rank 0 fills the cache; the others then read it
         dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,

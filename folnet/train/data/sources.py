@@ -1,0 +1,220 @@
+"""Where a corpus comes from: `--data` resolved to files, and each file read through `datasets`.
+
+A corpus is given as a file, a folder (its supported files, recursively, in sorted order), a glob
+pattern, a folder written by `datasets`' ``save_to_disk``, the word ``kinship`` (the embedded
+kinship world), or a list of these. `resolve_sources` checks all of it up front, so a typo fails
+before any work starts, and names each part with the `datasets` builder that reads it:
+
+=========================  ===========  ======================================================
+file                       builder      one record is
+=========================  ===========  ======================================================
+.txt                       ``text``     a paragraph (documents are separated by an empty line)
+.json .jsonl               ``json``     an object (JSON Lines, or one array of objects)
+.csv                       ``csv``      a row
+.parquet                   ``parquet``  a row
+.arrow                     ``arrow``    a row (an Arrow IPC stream file)
+=========================  ===========  ======================================================
+
+Text formats may be compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``); `datasets` (through
+fsspec) decompresses them while streaming. Every record is read with ``streaming=True``: records
+arrive lazily in file order and nothing is copied into the `datasets` cache, so a corpus larger
+than memory or disk works, and the order is fixed, which exact resume relies on.
+
+The text of a record is the ``text_column`` field (``--text-column``, default ``text``); plain
+text files have one column, ``text``, whatever the option says.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from folnet.errors import FolnetError, choices
+
+__all__ = [
+    "COMPRESSIONS",
+    "FORMATS",
+    "KINSHIP",
+    "SAVED",
+    "CorpusSource",
+    "Part",
+    "read_texts",
+    "resolve_sources",
+]
+
+KINSHIP = "kinship"
+SAVED = "saved"  # a `save_to_disk` folder
+#: file suffix -> the `datasets` builder that reads it
+FORMATS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv",
+           ".parquet": "parquet", ".arrow": "arrow"}
+#: compression suffix -> the module fsspec needs for it (None: the standard library has it)
+COMPRESSIONS = {".gz": None, ".bz2": None, ".xz": None, ".zst": "zstandard"}
+_COMPRESSIBLE = frozenset({"text", "json", "csv"})
+_GLOB_CHARS = frozenset("*?[")
+
+CorpusSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+#: one part of a corpus: (builder name, ``saved`` or ``kinship``; its path, None for kinship)
+Part = tuple[str, Path | None]
+
+
+def _suffixes(path: Path) -> tuple[str, str | None]:
+    """(format suffix, compression suffix or None) of a file name, lower-cased."""
+    suffix = path.suffix.lower()
+    if suffix in COMPRESSIONS:
+        return Path(path.stem).suffix.lower(), suffix
+    return suffix, None
+
+
+def _supported(path: Path) -> bool:
+    suffix, compression = _suffixes(path)
+    return suffix in FORMATS and (compression is None or FORMATS[suffix] in _COMPRESSIBLE)
+
+
+def _accepted() -> str:
+    return (f"{choices(tuple(FORMATS))} (text formats also as "
+            f"{'/'.join(COMPRESSIONS)}), a `save_to_disk` folder, or {KINSHIP!r}")
+
+
+def _format_of(path: Path) -> str:
+    """The builder of one file, after checking it can be read at all."""
+    suffix, compression = _suffixes(path)
+    if not _supported(path):
+        kind = "".join(path.suffixes[-2:]).lower() or "(no suffix)"
+        raise FolnetError(f"corpus file {str(path)!r} has unsupported type {kind!r}; "
+                          f"expected {_accepted()}")
+    module = COMPRESSIONS.get(compression or "")
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise FolnetError(f"corpus file {str(path)!r} is {compression}-compressed, which needs "
+                          f"the {module!r} package: pip install 'folnet[train]'")
+    if path.stat().st_size == 0:
+        raise FolnetError(f"corpus file {str(path)!r} is empty")
+    return FORMATS[suffix]
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """A folder written by `datasets` ``save_to_disk`` (a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+
+
+def _folder_files(path: Path) -> list[Path]:
+    """Supported files under a folder, recursively and sorted; hidden entries are skipped."""
+    return sorted(p for p in path.rglob("*")
+                  if p.is_file() and _supported(p)
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def _resolve_one(item: str | os.PathLike[str]) -> list[Part]:
+    if isinstance(item, str) and item == KINSHIP:
+        return [(KINSHIP, None)]
+    text = os.fspath(item)
+    path = Path(text).expanduser()
+    if not path.exists() and _GLOB_CHARS & set(text):
+        matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(text), recursive=True))
+        files = [m for m in matches if m.is_file() and _supported(m)]
+        if not files:
+            raise FolnetError(f"corpus pattern {text!r} matches no file of a supported type "
+                              f"({len(matches)} match(es) in all); expected {_accepted()}")
+        return [(_format_of(f), f) for f in files]
+    if not path.exists():
+        raise FolnetError(f"corpus path {str(path)!r} does not exist")
+    if path.is_file():
+        return [(_format_of(path), path)]
+    if _is_saved_dataset(path):
+        return [(SAVED, path)]
+    files = _folder_files(path)
+    if not files:
+        raise FolnetError(f"corpus directory {str(path)!r} is empty: it holds no file of a "
+                          f"supported type and is not a `save_to_disk` folder; expected "
+                          f"{_accepted()}")
+    return [(_format_of(f), f) for f in files]
+
+
+def resolve_sources(source: CorpusSource) -> list[Part]:
+    """Check `source` now and list its parts in reading order (see the module docstring)."""
+    if isinstance(source, (str, os.PathLike)):
+        items: list[str | os.PathLike[str]] = [source]
+    else:
+        items = list(source)
+        if not items:
+            raise FolnetError("corpus source is an empty list")
+    return [part for item in items for part in _resolve_one(item)]
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def _datasets() -> Any:
+    """`datasets`, offline: a corpus is always local and nothing may be fetched."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError:
+        raise FolnetError("reading a corpus file needs the `datasets` package: "
+                          "pip install 'folnet[train]'") from None
+    return datasets
+
+
+def _saved_split(path: Path) -> Any:
+    """The dataset of a ``save_to_disk`` folder; a DatasetDict contributes its train split."""
+    datasets = _datasets()
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" in loaded:
+            return loaded["train"]
+        if len(loaded) == 1:
+            return next(iter(loaded.values()))
+        raise FolnetError(f"saved dataset {str(path)!r} has splits {sorted(loaded)} but no "
+                          f"'train' split")
+    return loaded
+
+
+def _missing(path: Path, column: str, columns: Sequence[str]) -> FolnetError:
+    return FolnetError(f"{str(path)!r} has no column {column!r} (columns: {sorted(columns)}); "
+                       f"pick one with --text-column")
+
+
+def _values(kind: str, path: Path, column: str) -> Iterator[Any]:
+    """The `column` field of every record of one part, lazily, in file order."""
+    if kind == SAVED:
+        dataset = _saved_split(path)
+        if column not in dataset.column_names:
+            raise _missing(path, column, dataset.column_names)
+        for batch in dataset.select_columns([column]).iter(batch_size=1024):
+            yield from batch[column]
+        return
+    options = {"sample_by": "paragraph"} if kind == "text" else {}
+    stream = _datasets().load_dataset(kind, data_files=[str(path)], split="train",
+                                      streaming=True, **options)
+    for record in stream:
+        if column not in record:
+            raise _missing(path, column, list(record))
+        yield record[column]
+
+
+def read_texts(kind: str, path: Path, text_column: str = "text") -> Iterator[str]:
+    """The text of every record of one part (records without text, e.g. an empty CSV cell,
+    are skipped); a missing column or an unreadable file is a `FolnetError` naming it."""
+    values = _values(kind, path, "text" if kind == "text" else text_column)
+    number = 0
+    while True:
+        try:
+            value = next(values)
+        except StopIteration:
+            return
+        except FolnetError:
+            raise
+        except Exception as exc:  # pyarrow, json, pandas and fsspec errors alike: name the file
+            message = " ".join(str(exc).split())
+            raise FolnetError(f"cannot read {str(path)!r} as {kind}: {message}") from None
+        number += 1
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise FolnetError(f"{str(path)!r} record {number}: column {text_column!r} holds "
+                              f"{type(value).__name__} {value!r}, expected text")
+        yield value
