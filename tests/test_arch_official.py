@@ -35,7 +35,7 @@ def _check(model, reference):
                       ("relation_output", out.relation_output),
                       ("mlm_logits", out.mlm_logits), ("nsp_logits", out.nsp_logits)):
         assert got.shape == reference[name].shape, name
-        assert _rel(got, reference[name]) < 1e-5, name
+        assert _rel(got, reference[name]) < 1e-6, name  # the README claim (measured <= 2.7e-7)
 
 
 def test_official_fixture_reproduces_reference_outputs(reference):
