@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from folnet.arch import load_weights, read_metadata, run_checkpoints
+from folnet.arch.checkpoint import STEP_DIR
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_dir, discard_dir
 
@@ -40,6 +41,7 @@ __all__ = [
     "Saveable",
     "capture_rng",
     "checkpoint_dir",
+    "checkpoint_step",
     "describe",
     "list_checkpoints",
     "load_trainer_state",
@@ -188,6 +190,19 @@ def read_run_config(checkpoint: Path) -> dict[str, Any]:
         raise FolnetError(f"{Path(checkpoint) / 'config.json'}: no pretraining run config "
                           f"(was it written by folnet pretrain?)")
     return run
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The optimiser step a checkpoint was written at: its config.json's ``step``, else its
+    ``step_N`` name. Read before the (larger) trainer state, to check a new ``--steps``."""
+    step = read_metadata(checkpoint).get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    match = STEP_DIR.match(Path(checkpoint).name)
+    if match is None:
+        raise FolnetError(f"{Path(checkpoint) / 'config.json'}: no step recorded, and the "
+                          f"directory is not named step_N")
+    return int(match.group(1))
 
 
 _MODEL_OPTION = {"ops": "--ops", "vocab_size": "--vocab-size/--tokenizer"}

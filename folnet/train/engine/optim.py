@@ -37,6 +37,8 @@ __all__ = [
     "build_scheduler",
     "no_weight_decay",
     "parameter_groups",
+    "reschedule",
+    "schedule_rule",
     "warmup_steps_for",
 ]
 
@@ -215,12 +217,34 @@ class WarmupDecay:
         return self.end_factor + (1.0 - self.end_factor) * shape
 
 
+def schedule_rule(total_steps: int, *, warmup_ratio: float = 0.01, schedule: str = "linear",
+                  power: float = 1.0, end_factor: float = 0.0) -> WarmupDecay:
+    """The `WarmupDecay` of a run of `total_steps` optimiser steps (warmup: `warmup_steps_for`)."""
+    if not 0.0 <= warmup_ratio <= 1.0:
+        raise FolnetError(f"warmup_ratio must lie in [0, 1], got {warmup_ratio!r}")
+    return WarmupDecay(total_steps, warmup_steps_for(total_steps, warmup_ratio), schedule,
+                       power, end_factor)
+
+
 def build_scheduler(optimizer: Optimizer, total_steps: int, *, warmup_ratio: float = 0.01,
                     schedule: str = "linear", power: float = 1.0,
                     end_factor: float = 0.0) -> LambdaLR:
     """`LambdaLR` over `WarmupDecay`; call ``scheduler.step()`` after each optimiser step."""
-    if not 0.0 <= warmup_ratio <= 1.0:
-        raise FolnetError(f"warmup_ratio must lie in [0, 1], got {warmup_ratio!r}")
-    rule = WarmupDecay(total_steps, warmup_steps_for(total_steps, warmup_ratio), schedule,
-                       power, end_factor)
-    return LambdaLR(optimizer, rule)
+    return LambdaLR(optimizer, schedule_rule(total_steps, warmup_ratio=warmup_ratio,
+                                             schedule=schedule, power=power,
+                                             end_factor=end_factor))
+
+
+def reschedule(scheduler: LambdaLR, rule: Callable[[int], float]) -> None:
+    """Give a restored scheduler a new rule and set the current learning rate from it.
+
+    Why: a run continued to another total keeps its optimiser state and step count, but its
+    warmup and decay must follow the new total. `LambdaLR.load_state_dict` brings back the
+    saved rule's settings (a `WarmupDecay` is saved by its attributes), so the rule is swapped
+    in after loading. Stepping again from one step back makes `LambdaLR` itself recompute the
+    rate of the current step, write it into the optimiser's groups and report it from
+    ``get_last_lr()``, exactly as its own ``step()`` after an optimiser step would.
+    """
+    scheduler.lr_lambdas = [rule] * len(scheduler.optimizer.param_groups)
+    scheduler.last_epoch -= 1
+    scheduler.step()

@@ -25,8 +25,8 @@ from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
 from folnet.train.options import Options, load_layered, option, specs_file
 
-__all__ = ["MODEL_KEYS", "RESUME_FREE", "PretrainConfig", "default_config_path",
-           "load_pretrain_config"]
+__all__ = ["MODEL_KEYS", "RESUME_FREE", "RESUME_RESCHEDULED", "PretrainConfig",
+           "default_config_path", "load_pretrain_config"]
 
 # Model fields a user may override; vocab_size always comes from the tokenizer.
 MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_vocab_size",
@@ -36,6 +36,9 @@ MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_
 RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
                          "device", "log_every", "save_every", "keep_last", "out", "resume",
                          "num_workers", "fsdp", "tensorboard", "progress"})
+# Options a resumption may change at a cost: a new --steps (no fewer than the checkpoint's
+# step) recomputes the learning-rate schedule; checked by `folnet.train.pretrain.start`.
+RESUME_RESCHEDULED = frozenset({"steps"})
 
 
 def _model_overrides(flag: str, value: Any) -> tuple[tuple[str, Any], ...]:
@@ -95,6 +98,12 @@ class PretrainConfig(Options):
     keep_last: int = option(3, "keep the last N checkpoints")
     out: str | None = option(None, "run directory (checkpoints, tokenizer, logs)")
     resume: str | None = option(None, "'latest', 'auto' (latest if any) or a checkpoint dir")
+    init_from: str | None = option(
+        None, "start a new run (step 0, fresh optimiser and schedule) from pretrained weights: "
+              "a checkpoint, a run directory (its final model, else its latest checkpoint) or "
+              "a saved model; the architecture and tokenizer come from them (--ops and "
+              "--preset do not apply; --model may change only dropout, attention_dropout, "
+              "backend)", metavar="CKPT_OR_RUN")
     num_workers: int = option(0, "DataLoader worker processes")
     fsdp: bool = option(False, "shard parameters with FSDP instead of DDP")
     tensorboard: bool = option(True, "also log to OUT/tensorboard when tensorboard imports")
@@ -131,10 +140,11 @@ class PretrainConfig(Options):
         return {**super().to_dict(), "model": dict(self.model)}
 
     def resume_mismatches(self, saved: Mapping[str, Any]) -> list[str]:
-        """Options whose value differs from the run that wrote a checkpoint, as flags."""
+        """Options whose value differs from the run that wrote a checkpoint, as flags (a new
+        ``--steps`` is allowed and checked against the checkpoint's step by the caller)."""
         bad = []
         for name, value in self.to_dict().items():
-            if name in RESUME_FREE or name not in saved:
+            if name in RESUME_FREE or name in RESUME_RESCHEDULED or name not in saved:
                 continue
             theirs = dict(saved[name]) if name == "model" else saved[name]
             if theirs != value:

@@ -29,12 +29,13 @@ __all__ = ["micro_batches", "run_dataset", "run_tokenizer"]
 T = TypeVar("T")
 
 
-def run_tokenizer(config: PretrainConfig, out: Path, resume: Path | None,
+def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,
                   ctx: DistContext) -> FolnetTokenizer:
-    """The run's tokenizer: the checkpoint's when resuming, ``--tokenizer``'s, or one trained
-    on the corpus by rank 0 (saved to ``OUT/tokenizer``, from which the other ranks load it)."""
-    if resume is not None:
-        return load_tokenizer(resume)
+    """The run's tokenizer: `source`'s (the checkpoint resumed, or the weights a run starts
+    from, see `folnet.train.pretrain.start`), ``--tokenizer``'s, or one trained on the corpus
+    by rank 0 (saved to ``OUT/tokenizer``, from which the other ranks load it)."""
+    if source is not None:
+        return load_tokenizer(source)
     if config.tokenizer is not None:
         try:
             return load_tokenizer(config.tokenizer)

@@ -44,7 +44,7 @@ from folnet.train.engine.distributed import (
     shutdown,
     wrap_model,
 )
-from folnet.train.engine.optim import build_optimizer, build_scheduler
+from folnet.train.engine.optim import build_optimizer, build_scheduler, reschedule, schedule_rule
 from folnet.train.engine.runlog import TrainLogger
 from folnet.train.engine.state import (
     publish_final,
@@ -54,6 +54,7 @@ from folnet.train.engine.state import (
 )
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.pretrain.inputs import micro_batches, run_dataset, run_tokenizer
+from folnet.train.pretrain.start import load_initial_weights, plan_start
 
 __all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
 
@@ -109,27 +110,6 @@ def pretrain(config: PretrainConfig) -> Path:
     finally:
         torch.use_deterministic_algorithms(deterministic)  # leave the caller's setting be
         shutdown(ctx)
-
-
-# -- set-up helpers ----------------------------------------------------------------------------
-
-
-def _resume_point(config: PretrainConfig, out: Path) -> Path | None:
-    """The checkpoint to resume from (checked against this config), or None."""
-    target = ckpt.resolve_resume(out, config.resume)
-    if target is None:
-        existing = ckpt.list_checkpoints(out)
-        if existing:
-            raise FolnetError(f"--out {str(out)!r} already holds checkpoints (latest: step "
-                              f"{existing[-1][0]}); pass --resume to continue that run or "
-                              f"choose another --out")
-        return None
-    bad = config.resume_mismatches(ckpt.read_run_config(target))
-    if bad:
-        raise FolnetError(f"--resume: checkpoint {str(target)!r} was written with other "
-                          f"options: {'; '.join(bad)}. Use the run's options, or start a new "
-                          f"run with another --out")
-    return target
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -201,7 +181,8 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
         raise FolnetError(f"--batch-size {config.batch_size} / --grad-accum {config.grad_accum} "
                           f"= {config.micro_batch} rows per micro-batch cannot be split over "
                           f"{ctx.world_size} processes")
-    resume = _resume_point(config, out)
+    start = plan_start(config, out)  # checks resume/init-from options; writes nothing
+    config, resume = start.config, start.resume
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(out)
@@ -210,7 +191,7 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    tokenizer = run_tokenizer(config, out, resume, ctx)
+    tokenizer = run_tokenizer(config, out, start.tokenizer_from, ctx)
     if ctx.is_main:
         tokenizer.save(out / "tokenizer")
     dataset, data_config = run_dataset(config, tokenizer, out, ctx)
@@ -227,6 +208,8 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
         ckpt.load_weights_into(model, resume)
         trainer = ckpt.load_trainer_state(resume)
         state.update({k: trainer[k] for k in state})
+    elif start.init_from is not None:
+        load_initial_weights(model, start.init_from)
     model.to(ctx.device).train()
     engine = wrap_model(PretrainingForward(model), ctx, fsdp=config.fsdp,
                         units=model.encoder.layers)
@@ -241,6 +224,10 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     if trainer is not None:
         restore_training_state(trainer, engine=engine, optimizer=optimizer, scheduler=scheduler,
                                scaler=scaler, collator=collator, ctx=ctx, fsdp=config.fsdp)
+        if start.reschedule:  # a new --steps: the restored rule was the old total's
+            reschedule(scheduler, schedule_rule(
+                config.steps, warmup_ratio=config.warmup_ratio, schedule=config.schedule,
+                power=config.power, end_factor=config.min_lr_ratio))
     if config.compile:
         # The encoder only: the model's input checks read values on the host (graph breaks),
         # and compiling in place keeps every state-dict key and the DDP/FSDP wrapping as is.
@@ -252,6 +239,8 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
                          progress=config.progress)
     if resume is not None:
         logger.message(f"resumed from {ckpt.describe(resume)}")
+    for note in start.notes:
+        logger.message(note)
     if config.compile and ctx.device.type == "cpu":
         logger.message("note: on CPU the compiled encoder measured ~20% slower than the eager "
                        "fast path (README, Training)")
