@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -576,3 +577,25 @@ def test_label_and_layout_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
     with pytest.raises(FolnetError, match=r"needs the `datasets` package"):
         read_split("glue/rte", tmp_path / "big", "validation")
+
+
+def test_original_files_win_and_shards_read_in_order(tmp_path):
+    data = glue_data("rte", seed=8, sizes={"train": 6})["train"]
+    write_glue_tsv("rte", tmp_path, {"train": data[:2]})
+    first, second = glue_dataset("rte", data[:3]), glue_dataset("rte", data[3:])
+    first.to_parquet(target(tmp_path / "train-00000-of-00002.parquet"))
+    second.to_parquet(target(tmp_path / "train-00001-of-00002.parquet"))
+    assert len(read_split("glue/rte", tmp_path, "train").examples) == 2  # train.tsv
+    (tmp_path / "train.tsv").unlink()
+    read = read_split("glue/rte", tmp_path, "train")
+    assert [ex.text_a for ex in read.examples] == [a for a, _, _ in data]
+    assert read.paths == (tmp_path / "train-00000-of-00002.parquet",
+                          tmp_path / "train-00001-of-00002.parquet")
+
+
+def test_the_tasks_package_imports_without_datasets():
+    code = ("import sys; import folnet.train.finetune.cli, folnet.train.tasks; "
+            "print(sorted(m for m in ('datasets', 'pyarrow', 'pandas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parent.parent)
+    assert done.stdout.strip() == "[]"
