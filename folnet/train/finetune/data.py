@@ -7,7 +7,9 @@ into a run. Batches are later cut to their longest real row (see `finetune.loop.
 encoding to the full ``max_len`` costs memory, not compute.
 
 Every task is read, encoded and scored by its registered family (`folnet.train.tasks`); this
-module only decides which splits a run needs and checks ``--data`` against the family.
+module only decides which splits a run needs and checks ``--data`` against the family. The
+family reads each split from the task's original files or, when those are absent, from a
+Hugging Face datasets format in the same folder (`folnet.train.tasks.hfdatasets`).
 """
 
 from __future__ import annotations
@@ -76,9 +78,12 @@ def _check_data(spec: TaskSpec, data: str | Path | None) -> None:
         return
     if data is None or str(data) in ("", *generated):
         raise FolnetError(f"--data is required for {spec.name}: the directory holding its "
-                          f"{' / '.join(spec.split_files('train'))} files")
+                          f"{' / '.join(spec.split_files('train'))} files, or its splits in a "
+                          "Hugging Face datasets format (a save_to_disk folder, or "
+                          "train.parquet / .arrow / .jsonl / .json / .csv files)")
     if not Path(data).is_dir():
-        raise FolnetError(f"--data {str(data)!r} is not a directory")
+        raise FolnetError(f"--data {str(data)!r} is not a directory (give the folder that holds "
+                          "the split files or the save_to_disk dataset)")
 
 
 def load_task_data(task: str | TaskSpec, data: str | Path | None, tokenizer: Tokenizer, *,

@@ -8,7 +8,12 @@ Typical use::
     batch = encode_examples(data.task, data.examples, tokenizer)   # max_len = task.seq_len
 
 `read_split` returns the task alongside the examples because one task (CLUTRR) only learns
-its label set from its train file; always encode with ``data.task``.
+its label set from its train file; always encode with ``data.task``. Each split is read from the
+task's original files (GLUE TSVs, SQuAD json, FOLIO jsonl, CLUTRR csv) or, when those are not
+there, from the same data in a Hugging Face datasets format (`hfdatasets`: a save_to_disk
+folder, or parquet/arrow/jsonl/json/csv files with the published columns)::
+
+    data = read_split("glue/rte", "glue", "validation")    # glue/rte/validation-*.parquet
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 from folnet.errors import FolnetError, choices
 
 __all__ = ["KINDS", "EncodedSplit", "Example", "FinetuneDefaults", "SplitData", "TaskSpec",
-           "find_split_files"]
+           "find_split_files", "missing_split", "split_dirs", "split_file_candidates"]
 
 KINDS = ("classification", "regression", "qa")
 
@@ -137,16 +137,19 @@ def _listing(directory: Path) -> str:
     return f"{str(directory)!r} holds: {shown or '(nothing)'}"
 
 
-def find_split_files(task: TaskSpec, data_dir: str | Path, split: str) -> list[Path]:
-    """The file(s) holding ``split`` of ``task``: the first candidate name that exists, in
-    ``data_dir`` then ``data_dir/data_subdir``. Glob patterns may match several files (all are
-    returned, sorted). A missing file raises, naming what was expected and what is there."""
+def split_dirs(task: TaskSpec, data_dir: str | Path) -> list[Path]:
+    """The directories a split of ``task`` is looked for in: ``data_dir``, then
+    ``data_dir/data_subdir`` (the usual download layout, e.g. ``glue_data/RTE``)."""
     data_dir = Path(data_dir)
+    return [data_dir, data_dir / task.data_subdir] if task.data_subdir else [data_dir]
+
+
+def split_file_candidates(task: TaskSpec, data_dir: str | Path, split: str) -> list[Path]:
+    """The file(s) holding ``split`` in the task's own published format, or [] when there are
+    none: the first candidate name that exists, in the `split_dirs`. Glob patterns may match
+    several files (all are returned, sorted)."""
     candidates = task.split_files(split)
-    dirs = [data_dir]
-    if task.data_subdir:
-        dirs.append(data_dir / task.data_subdir)
-    for directory in dirs:
+    for directory in split_dirs(task, data_dir):
         for pattern in candidates:
             if any(ch in pattern for ch in "*?["):
                 found = sorted(p for p in directory.glob(pattern) if p.is_file())
@@ -154,10 +157,26 @@ def find_split_files(task: TaskSpec, data_dir: str | Path, split: str) -> list[P
                     return found
             elif (directory / pattern).is_file():
                 return [directory / pattern]
-    expected = " or ".join(repr(str(d / c)) for d in dirs for c in candidates)
-    raise FolnetError(
-        f"{task.name} split {split!r}: expected the file {expected}; {_listing(data_dir)}"
-    )
+    return []
+
+
+def missing_split(task: TaskSpec, data_dir: str | Path, split: str,
+                  alternatives: str = "") -> FolnetError:
+    """The error for a split that is not there: the file names expected, ``alternatives``
+    (other forms the split may take) and what ``data_dir`` holds instead."""
+    expected = " or ".join(repr(str(d / c)) for d in split_dirs(task, data_dir)
+                           for c in task.split_files(split))
+    also = f", {alternatives}" if alternatives else ""
+    return FolnetError(f"{task.name} split {split!r}: expected the file {expected}{also}; "
+                       f"{_listing(Path(data_dir))}")
+
+
+def find_split_files(task: TaskSpec, data_dir: str | Path, split: str) -> list[Path]:
+    """`split_file_candidates`, raising `missing_split` when there are none."""
+    found = split_file_candidates(task, data_dir, split)
+    if not found:
+        raise missing_split(task, data_dir, split)
+    return found
 
 
 @dataclass(frozen=True)

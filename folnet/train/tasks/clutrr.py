@@ -1,5 +1,5 @@
 """Reader for CLUTRR (kinship reasoning) CSV files as published (``<levels>_train.csv``,
-``<level>_test.csv``).
+``<level>_test.csv``), and for the ``CLUTRR/v1`` rows in a datasets format (`clutrr_rows`).
 
 The columns used are ``story`` (segment A), ``query`` (a Python tuple literal of two names,
 e.g. ``"('Anna', 'Tom')"``) and ``target`` (the relation name). The query becomes segment B
@@ -19,9 +19,11 @@ from pathlib import Path
 from folnet.errors import FolnetError
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
+from folnet.train.tasks.hfdatasets import Published, RowTable
 from folnet.train.tasks.registry import TaskFamily, read_files
 
-__all__ = ["CLUTRR", "FAMILY", "clutrr_labels", "question", "read_clutrr"]
+__all__ = ["CLUTRR", "FAMILY", "PUBLISHED", "clutrr_example", "clutrr_labels", "clutrr_rows",
+           "label_set", "question", "read_clutrr"]
 
 CLUTRR = TaskSpec(
     name="clutrr",
@@ -87,37 +89,63 @@ def _parse_query(raw: str, where: str) -> tuple[str, str]:
     return value[0], value[1]
 
 
-def clutrr_labels(paths: Sequence[Path]) -> tuple[str, ...]:
-    """The sorted set of targets over the given (train) files."""
-    targets = set()
-    for path in paths:
-        for line, record in _records(path):
-            target = record["target"].strip()
-            if not target:
-                raise FolnetError(f"{path}:{line}: empty target")
-            targets.add(target)
-    if not targets:
-        raise FolnetError(f"no CLUTRR records in {[str(p) for p in paths]!r}")
-    return tuple(sorted(targets))
+def clutrr_example(task: TaskSpec, story: str, query: str, target: str, guid: str,
+                   where: str) -> Example:
+    """One CLUTRR record (a csv line or a published row) as an example: the story as segment
+    A, the query as a question as segment B. With ``task.labels`` set (the train label set), a
+    target outside it is an error."""
+    names = _parse_query(query, where)
+    target = target.strip()
+    if not target:
+        raise FolnetError(f"{where}: empty target")
+    if task.labels is not None and target not in task.labels:
+        raise FolnetError(
+            f"{where}: label {target!r} does not occur in the CLUTRR train file(s); "
+            f"train labels: {', '.join(task.labels)}"
+        )
+    return Example(guid, story, question(names), target)
+
+
+def label_set(examples: Sequence[Example]) -> tuple[str, ...]:
+    """The sorted set of targets of the (train) examples: CLUTRR's label set."""
+    if not examples:
+        raise FolnetError("no CLUTRR records in the train split")
+    return tuple(sorted({str(ex.label) for ex in examples}))
 
 
 def read_clutrr(task: TaskSpec, paths: Sequence[Path], split: str) -> list[Example]:
-    """Examples of the given CLUTRR files. ``task.labels`` must already hold the train
-    label set (the family's reader fills it in); guids are ``<file stem>-<line>``."""
+    """Examples of the given CLUTRR files (guids ``<file stem>-<line>``). The family's reader
+    reads the train files with ``task.labels`` None and the other splits against their label
+    set. A ``target_text`` column, when there is one (the csv export of ``CLUTRR/v1``, whose
+    ``target`` is a class number), holds the relation."""
     out = []
     for path in paths:
         for line, record in _records(path):
-            where = f"{path}:{line}"
-            names = _parse_query(record["query"], where)
-            target = record["target"].strip()
-            if task.labels is not None and target not in task.labels:
-                raise FolnetError(
-                    f"{where}: label {target!r} does not occur in the CLUTRR train file(s); "
-                    f"train labels: {', '.join(task.labels)}"
-                )
-            out.append(Example(f"{path.stem}-{line}", record["story"], question(names), target))
+            target = record.get("target_text", record["target"])
+            out.append(clutrr_example(task, record["story"], record["query"], target,
+                                      f"{path.stem}-{line}", f"{path}:{line}"))
     return out
 
 
-FAMILY = TaskFamily("clutrr", (CLUTRR,), read=read_files(read_clutrr, labels_from=clutrr_labels),
+def clutrr_labels(paths: Sequence[Path]) -> tuple[str, ...]:
+    """The sorted set of targets over the given (train) files."""
+    examples = read_clutrr(CLUTRR, paths, "train")
+    if not examples:
+        raise FolnetError(f"no CLUTRR records in {[str(p) for p in paths]!r}")
+    return label_set(examples)
+
+
+def clutrr_rows(task: TaskSpec, table: RowTable) -> list[Example]:
+    """Examples of CLUTRR as ``CLUTRR/v1`` publishes it: the relation is ``target_text``
+    (``target`` there is its class number); guids are ``<split>-<id>``."""
+    return [clutrr_example(task, table.text(i, "story"), table.text(i, "query"),
+                           table.text(i, "target_text"), table.guid(i, "id"), table.where(i))
+            for i in range(len(table.rows))]
+
+
+PUBLISHED = Published("CLUTRR/v1", ("story", "query"), "target_text", clutrr_rows)
+
+FAMILY = TaskFamily("clutrr", (CLUTRR,),
+                    read=read_files(read_clutrr, published={CLUTRR.name: PUBLISHED},
+                                    labels_from=label_set),
                     encode=encode_split, score=score_split)

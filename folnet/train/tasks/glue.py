@@ -1,4 +1,5 @@
-"""Readers for the GLUE TSV files exactly as distributed (``glue_data/<TASK>/*.tsv``).
+"""Readers for the GLUE TSV files exactly as distributed (``glue_data/<TASK>/*.tsv``), and for
+GLUE as ``nyu-mll/glue`` publishes it (`glue_rows`, see `hfdatasets`).
 
 Columns are found by header name rather than position because the layouts differ between
 splits of one task (MNLI dev has five annotator columns that train lacks, test files lack the
@@ -16,12 +17,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from folnet.errors import FolnetError
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
+from folnet.train.tasks.hfdatasets import Published, RowTable
 from folnet.train.tasks.registry import TaskFamily, read_files
 
-__all__ = ["FAMILY", "GLUE_BIG", "GLUE_SMALL", "TASKS", "read_glue"]
+__all__ = ["FAMILY", "GLUE_BIG", "GLUE_SMALL", "PUBLISHED", "TASKS", "glue_rows", "read_glue"]
 
 GLUE_SMALL = FinetuneDefaults(epochs=10, lr=1e-4, batch_size=16)
 GLUE_BIG = FinetuneDefaults(epochs=3, lr=8e-5, batch_size=32)
@@ -80,25 +84,48 @@ TASKS = (
 @dataclass(frozen=True)
 class _Layout:
     """Header names of the columns one GLUE task uses (None: the task has no such column).
-    ``headerless`` names the fixed columns of train/dev files that have no header (CoLA)."""
+    ``headerless`` names the fixed columns of train/dev files that have no header (CoLA).
+    ``hub`` is the task's config in ``nyu-mll/glue``, ``hub_a``/``hub_b`` its text columns
+    there and ``hub_labels`` the `ClassLabel` names whose order its integer labels follow --
+    position i is the task's label i (``labels``), so both formats train the same classes."""
 
     text_a: str
     text_b: str | None
     label: str
+    hub: str
+    hub_a: str
+    hub_b: str | None
+    hub_labels: tuple[str, ...] | None
     headerless: tuple[str, ...] | None = None
 
 
 _LAYOUTS = {
-    "glue/mnli": _Layout("sentence1", "sentence2", "gold_label"),
-    "glue/qqp": _Layout("question1", "question2", "is_duplicate"),
-    "glue/qnli": _Layout("question", "sentence", "label"),
-    "glue/sst2": _Layout("sentence", None, "label"),
-    "glue/cola": _Layout("sentence", None, "label",
+    "glue/mnli": _Layout("sentence1", "sentence2", "gold_label", "mnli", "premise", "hypothesis",
+                         ("entailment", "neutral", "contradiction")),
+    "glue/qqp": _Layout("question1", "question2", "is_duplicate", "qqp", "question1",
+                        "question2", ("not_duplicate", "duplicate")),
+    "glue/qnli": _Layout("question", "sentence", "label", "qnli", "question", "sentence",
+                         ("entailment", "not_entailment")),
+    "glue/sst2": _Layout("sentence", None, "label", "sst2", "sentence", None,
+                         ("negative", "positive")),
+    "glue/cola": _Layout("sentence", None, "label", "cola", "sentence", None,
+                         ("unacceptable", "acceptable"),
                          headerless=("source", "label", "original_mark", "sentence")),
-    "glue/stsb": _Layout("sentence1", "sentence2", "score"),
-    "glue/mrpc": _Layout("#1 String", "#2 String", "Quality"),
-    "glue/rte": _Layout("sentence1", "sentence2", "label"),
+    "glue/stsb": _Layout("sentence1", "sentence2", "score", "stsb", "sentence1", "sentence2",
+                         None),
+    "glue/mrpc": _Layout("#1 String", "#2 String", "Quality", "mrpc", "sentence1", "sentence2",
+                         ("not_equivalent", "equivalent")),
+    "glue/rte": _Layout("sentence1", "sentence2", "label", "rte", "sentence1", "sentence2",
+                        ("entailment", "not_entailment")),
 }
+
+
+def _layout(task: TaskSpec, reader: str) -> _Layout:
+    layout = _LAYOUTS.get(task.name)
+    if layout is None:
+        raise FolnetError(f"{reader}: {task.name!r} is not a GLUE task")
+    return layout
+
 
 def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, fields) for every non-blank line. ``utf-8-sig`` drops the byte
@@ -151,9 +178,7 @@ def read_glue(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
     published test files) is read with ``label=None``; a train/dev file without one is an
     error, since silently training on unlabelled rows would be a bug."""
     path = Path(path)
-    layout = _LAYOUTS.get(task.name)
-    if layout is None:
-        raise FolnetError(f"read_glue: {task.name!r} is not a GLUE task")
+    layout = _layout(task, "read_glue")
     if layout.headerless is not None and not split.startswith("test"):
         return _read_headerless(task, layout, path, split)
     rows = _rows(path)
@@ -188,6 +213,57 @@ def read_glue(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
     return out
 
 
+def _hub_label(task: TaskSpec, layout: _Layout, value: object, where: str) -> str | float | None:
+    """A published label as the task's label: -1 (or none) marks an unlabelled row, an integer
+    is a class number in the `ClassLabel` order, a string a class name of either format."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                         and value == -1):
+        return None
+    if task.kind == "regression":
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise FolnetError(f"{where}: score {value!r} is not a number")
+        if isinstance(value, float) and float(np.float32(value)) == value:
+            # a float32 score (STS-B's published dtype) as the decimal it was written as --
+            # the TSV's "3.800", not 3.7999999523 -- so both formats give the same targets
+            value = str(np.float32(value))
+        return _parse_label(task, str(value), where)
+    names = layout.hub_labels or ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < len(names):
+            raise FolnetError(f"{where}: label {value} is not a {task.name} class number: "
+                              f"expected 0..{len(names) - 1} ({', '.join(names)}) or -1")
+        return _parse_label(task, (task.labels or ())[value], where)
+    if isinstance(value, str):
+        mapped = dict(zip(names, task.labels or (), strict=True)).get(value, value)
+        return _parse_label(task, mapped, where)
+    raise FolnetError(f"{where}: label {value!r} is neither a class number nor a class name")
+
+
+def glue_rows(task: TaskSpec, table: RowTable) -> list[Example]:
+    """Examples of one GLUE split as ``nyu-mll/glue`` publishes it; guids are
+    ``<split>-<idx>``. A label column typed `ClassLabel` must name the classes in the
+    published order, so integer labels cannot silently mean other classes."""
+    layout = _layout(task, "glue_rows")
+    given = table.class_names.get("label")
+    if given is not None and layout.hub_labels is not None and given != layout.hub_labels:
+        raise FolnetError(f"{table.source}: the label column's classes are {list(given)}, "
+                          f"expected {list(layout.hub_labels)} (nyu-mll/glue {layout.hub})")
+    out = []
+    for i, row in enumerate(table.rows):
+        text_b = None if layout.hub_b is None else table.text(i, layout.hub_b)
+        label = _hub_label(task, layout, row.get("label"), table.where(i))
+        out.append(Example(table.guid(i, "idx"), table.text(i, layout.hub_a), text_b, label))
+    return out
+
+
+PUBLISHED = {
+    name: Published(f"nyu-mll/glue {layout.hub}",
+                    tuple(c for c in (layout.hub_a, layout.hub_b) if c is not None), "label",
+                    glue_rows, dirs=(layout.hub,))
+    for name, layout in _LAYOUTS.items()
+}
+
 FAMILY = TaskFamily("glue", TASKS, read=read_files(lambda spec, paths, split:
-                                                    read_glue(spec, paths[0], split)),
+                                                    read_glue(spec, paths[0], split),
+                                                    published=PUBLISHED),
                     encode=encode_split, score=score_split)

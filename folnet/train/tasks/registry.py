@@ -23,7 +23,8 @@ import torch
 from tokenizers import Tokenizer
 
 from folnet.errors import FolnetError, choices
-from folnet.train.tasks.base import EncodedSplit, SplitData, TaskSpec, find_split_files
+from folnet.train.tasks.base import EncodedSplit, SplitData, TaskSpec
+from folnet.train.tasks.hfdatasets import Published, RowSource, locate_split, read_rows
 
 __all__ = ["TASKS", "TaskFamily", "family_of", "get_task", "read_files", "read_split",
            "register_family"]
@@ -105,19 +106,40 @@ def read_split(task: TaskSpec | str, data_dir: str | Path | None, split: str,
 
 
 def read_files(parse: Callable[[TaskSpec, list[Path], str], Sequence[Any]], *,
-               labels_from: Callable[[list[Path]], tuple[str, ...]] | None = None) -> Reader:
-    """A family reader over published files: ``parse(spec, paths, split)`` reads the examples
-    of one split from the files `find_split_files` located for it. A task whose label set is
-    not fixed in advance (CLUTRR) gets it from ``labels_from(train_paths)`` first."""
+               published: Mapping[str, Published] | None = None,
+               labels_from: Callable[[Sequence[Any]], tuple[str, ...]] | None = None) -> Reader:
+    """A family reader over a data directory.
+
+    Each split is read from its original file(s) with ``parse(spec, paths, split)`` when they
+    are there, else -- for a task listed in ``published`` -- from the split in a Hugging Face
+    datasets format (`hfdatasets.locate_split`), whose checked rows the task's
+    `Published.convert` turns into the same examples. A task whose label set is not fixed in
+    advance (CLUTRR) gets it from ``labels_from(train examples)`` first; its other splits are
+    then read against that set.
+    """
     def read(spec: TaskSpec, data_dir: str | Path | None, splits: Sequence[str],
              options: Options) -> dict[str, SplitData]:
         if data_dir is None:
             raise FolnetError(f"{spec.name}: no data directory given")
-        located = {name: find_split_files(spec, data_dir, name) for name in splits}
+        form = (published or {}).get(spec.name)
+        located = {name: locate_split(spec, data_dir, name, form) for name in splits}
+
+        def examples(task: TaskSpec, name: str,
+                     where: list[Path] | RowSource) -> tuple[tuple[Path, ...], tuple[Any, ...]]:
+            if isinstance(where, RowSource):
+                assert form is not None  # locate_split finds rows only for a published task
+                return where.paths, tuple(form.convert(task, read_rows(where, form, name)))
+            return tuple(where), tuple(parse(task, where, name))
+
+        done = {}
         if spec.labels is None and labels_from is not None:
-            train = located.get("train") or find_split_files(spec, data_dir, "train")
-            spec = dataclasses.replace(spec, labels=labels_from(train))
-        return {name: SplitData(spec, name, tuple(paths), tuple(parse(spec, paths, name)))
-                for name, paths in located.items()}
+            train = located.get("train") or locate_split(spec, data_dir, "train", form)
+            done["train"] = examples(spec, "train", train)
+            spec = dataclasses.replace(spec, labels=labels_from(done["train"][1]))
+        out = {}
+        for name, where in located.items():
+            paths, items = done.get(name) or examples(spec, name, where)
+            out[name] = SplitData(spec, name, paths, items)
+        return out
 
     return read

@@ -1,4 +1,5 @@
-"""SQuAD 2.0: reading the published JSON, sliding-window features, and answer decoding.
+"""SQuAD 2.0: reading the published JSON (or the ``rajpurkar/squad_v2`` rows, `squad_rows`),
+sliding-window features, and answer decoding.
 
 A context longer than one input is cut into overlapping windows. Each feature is
 ``[CLS] question [SEP] window [SEP]`` (question first, as segment A, truncated to
@@ -31,11 +32,13 @@ from tokenizers import Tokenizer
 from folnet.errors import FolnetError
 from folnet.train.tasks.base import EncodedSplit, FinetuneDefaults, SplitData, TaskSpec
 from folnet.train.tasks.encode import plain_tokenizer, special_ids
+from folnet.train.tasks.hfdatasets import Published, RowTable
 from folnet.train.tasks.metrics import squad_evaluate
 from folnet.train.tasks.registry import TaskFamily, read_files
 
-__all__ = ["FAMILY", "SQUAD2", "SquadAnswer", "SquadExample", "SquadFeature", "encode_squad",
-           "features_to_tensors", "parse_squad", "postprocess_predictions", "read_squad"]
+__all__ = ["FAMILY", "PUBLISHED", "SQUAD2", "SquadAnswer", "SquadExample", "SquadFeature",
+           "encode_squad", "features_to_tensors", "parse_squad", "postprocess_predictions",
+           "read_squad", "squad_example", "squad_rows"]
 
 SQUAD2 = TaskSpec(
     name="squad2",
@@ -94,6 +97,25 @@ def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     return value
 
 
+def squad_example(qid: str, title: str, question: str, context: str,
+                  answers: Sequence[tuple[str, int]], impossible: bool,
+                  where: str) -> SquadExample:
+    """One question, its answers checked to lie inside the context: the one check both formats
+    (the nested JSON and the published rows) go through."""
+    found = []
+    if not impossible:
+        for text, start in answers:
+            if start < 0 or start + len(text) > len(context):
+                raise FolnetError(
+                    f"{where}: answer_start {start} with text {text!r} lies outside "
+                    f"the context ({len(context)} characters)"
+                )
+            found.append(SquadAnswer(text, start))
+        if not found:
+            raise FolnetError(f"{where}: answerable question with no answers")
+    return SquadExample(qid, title, question, context, tuple(found), impossible)
+
+
 def parse_squad(data: Mapping[str, Any], source: str = "<squad json>") -> list[SquadExample]:
     """Examples of a parsed SQuAD v1.1/v2.0 JSON object (``is_impossible`` absent = False)."""
     articles = _need(data, "data", list, source)
@@ -112,18 +134,37 @@ def parse_squad(data: Mapping[str, Any], source: str = "<squad json>") -> list[S
                 impossible = bool(qa.get("is_impossible", False))
                 answers = []
                 if not impossible:
-                    for ans in _need(qa, "answers", list, where):
-                        text = _need(ans, "text", str, where)
-                        start = _need(ans, "answer_start", int, where)
-                        if start < 0 or start + len(text) > len(context):
-                            raise FolnetError(
-                                f"{where}: answer_start {start} with text {text!r} lies outside "
-                                f"the context ({len(context)} characters)"
-                            )
-                        answers.append(SquadAnswer(text, start))
-                    if not answers:
-                        raise FolnetError(f"{where}: answerable question with no answers")
-                out.append(SquadExample(qid, title, question, context, tuple(answers), impossible))
+                    answers = [(_need(ans, "text", str, where),
+                                _need(ans, "answer_start", int, where))
+                               for ans in _need(qa, "answers", list, where)]
+                out.append(squad_example(qid, title, question, context, answers, impossible,
+                                         where))
+    return out
+
+
+def squad_rows(task: TaskSpec, table: RowTable) -> list[SquadExample]:
+    """Examples of SQuAD 2.0 as ``rajpurkar/squad_v2`` publishes it, one row per question:
+    ``answers`` is ``{"text": [...], "answer_start": [...]}``, empty lists for a question
+    with no answer."""
+    out = []
+    for i, row in enumerate(table.rows):
+        qid = row["id"]
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+            raise FolnetError(f"{table.where(i)}: column 'id' holds {qid!r}, expected a string")
+        where = f"{table.where(i)} (question {str(qid)!r})"
+        answers = row["answers"]
+        texts = answers.get("text") if isinstance(answers, dict) else None
+        starts = answers.get("answer_start") if isinstance(answers, dict) else None
+        if (not isinstance(texts, list) or not isinstance(starts, list)
+                or len(texts) != len(starts)
+                or not all(isinstance(t, str) for t in texts)
+                or not all(isinstance(s, int) and not isinstance(s, bool) for s in starts)):
+            raise FolnetError(f"{where}: 'answers' must be {{'text': [str, ...], "
+                              f"'answer_start': [int, ...]}} of equal length, got {answers!r}")
+        title = row.get("title")
+        out.append(squad_example(str(qid), title if isinstance(title, str) else "",
+                                 table.text(i, "question"), table.text(i, "context"),
+                                 list(zip(texts, starts, strict=True)), not texts, where))
     return out
 
 
@@ -329,7 +370,11 @@ def _score(spec: TaskSpec, split: EncodedSplit, outputs: Mapping[str, torch.Tens
     return squad_evaluate(examples, answers), rows
 
 
+PUBLISHED = Published("rajpurkar/squad_v2", ("id", "context", "question", "answers"), None,
+                      squad_rows, dirs=("squad_v2",))
+
 FAMILY = TaskFamily("squad2", (SQUAD2,), read=read_files(lambda spec, paths, split:
-                                                         read_squad(paths[0])),
+                                                         read_squad(paths[0]),
+                                                         published={SQUAD2.name: PUBLISHED}),
                     encode=_encode, score=_score,
                     official=lambda rows: {row["id"]: row["prediction"] for row in rows})
