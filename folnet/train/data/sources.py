@@ -42,6 +42,7 @@ __all__ = [
     "SAVED",
     "CorpusSource",
     "Part",
+    "is_saved_dataset",
     "read_texts",
     "resolve_sources",
 ]
@@ -95,10 +96,14 @@ def _format_of(path: Path) -> str:
     return FORMATS[suffix]
 
 
-def _is_saved_dataset(path: Path) -> bool:
-    """A folder written by `datasets` ``save_to_disk`` (a Dataset or a DatasetDict)."""
-    return (path / "dataset_dict.json").is_file() or (
-        (path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+def is_saved_dataset(path: Path) -> bool:
+    """A `Dataset` folder written by ``save_to_disk`` (alone, or as a `DatasetDict`'s split)."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def _is_saved(path: Path) -> bool:
+    """A folder written by ``save_to_disk``: a `Dataset` or a `DatasetDict`."""
+    return (path / "dataset_dict.json").is_file() or is_saved_dataset(path)
 
 
 def _folder_files(path: Path) -> list[Path]:
@@ -124,7 +129,7 @@ def _resolve_one(item: str | os.PathLike[str]) -> list[Part]:
         raise FolnetError(f"corpus path {str(path)!r} does not exist")
     if path.is_file():
         return [(_format_of(path), path)]
-    if _is_saved_dataset(path):
+    if _is_saved(path):
         return [(SAVED, path)]
     files = _folder_files(path)
     if not files:

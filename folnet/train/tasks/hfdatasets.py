@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError
+from folnet.train.data.sources import FORMATS, is_saved_dataset
 from folnet.train.tasks.base import TaskSpec, missing_split, split_dirs, split_file_candidates
 
-__all__ = ["BUILDERS", "Published", "RowSource", "RowTable", "find_rows", "is_saved_dataset",
+__all__ = ["BUILDERS", "Published", "RowSource", "RowTable", "find_rows",
            "locate_split", "read_rows"]
 
 #: File suffix -> the `datasets.load_dataset` builder that reads it.
-BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
-            ".csv": "csv"}
+#: (The corpus formats less plain text: a task's rows need columns.)
+BUILDERS = {suffix: builder for suffix, builder in FORMATS.items() if builder != "text"}
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,6 @@ class Published:
         return (*self.columns, self.label)
 
 
-def is_saved_dataset(path: Path) -> bool:
-    """A `Dataset` folder written by ``save_to_disk`` (alone, or as a `DatasetDict`'s split)."""
-    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
-
-
 def _split_files(directory: Path, split: str) -> RowSource | None:
     """Data files named after ``split`` in ``directory``; two kinds of file for one split is an
     error rather than a guess."""
@@ -176,7 +172,7 @@ def _datasets(source: RowSource) -> Any:
         import datasets
     except ImportError:
         raise FolnetError(f"reading {source.describe()} needs the `datasets` package "
-                          "(pip install datasets)") from None
+                          "(pip install 'folnet[train]')") from None
     return datasets
 
 
