@@ -135,7 +135,8 @@ class FinetuneConfig(Options):
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     log_every: int = option(10, "log every N steps")
     progress: bool = option(True, "show a progress bar")
-    tensorboard: bool = option(True, "also log to TensorBoard when it is installed")
+    tensorboard: bool = option(False, "also log to OUT/seed_N/tensorboard (needs the "
+                                      "tensorboard package)")
 
     def __post_init__(self) -> None:
         self.check_types()
