@@ -117,3 +117,27 @@ def test_help_imports_only_what_it_shows():
                          check=True, env=env).stdout
     assert out.splitlines()[-1] == "[]"
 
+
+def _tiny_pretrain(out, *extra: str) -> list[str]:
+    return ["pretrain", "--preset", "tiny", "--data", "kinship", "--kinship-documents", "30",
+            "--vocab-size", "120", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
+            "--log-every", "1", "--no-progress", "--out", str(out), *extra]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_failed_pretrain_writes_nothing_and_the_retry_runs(tmp_path, capsys):
+    out = tmp_path / "run"
+    bad = {"--data": ["--data", str(tmp_path / "missing.txt")],
+           "--tokenizer": ["--tokenizer", str(tmp_path / "missing.json")],
+           "D2": ["--model", "D2=0"], "operator": ["--ops", "q.q"], "preset": ["--preset", "huge"]}
+    for needle, flags in bad.items():
+        assert main([*_tiny_pretrain(out), *flags]) == 2, needle
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+        assert not out.exists(), f"{needle}: a failed run left {sorted(out.rglob('*'))}"
+    assert main(_tiny_pretrain(out)) == 0
+    stdout = capsys.readouterr().out
+    final = out / "final"
+    assert (final / "config.json").is_file()
+    closing = [line for line in stdout.splitlines() if str(final) in line]
+    assert closing == [f"done: 2 steps; final model and tokenizer in {final}"]

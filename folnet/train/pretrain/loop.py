@@ -53,7 +53,7 @@ from folnet.train.engine.state import (
     write_model_fn,
 )
 from folnet.train.pretrain.config import PretrainConfig
-from folnet.train.pretrain.inputs import micro_batches, run_dataset, run_tokenizer
+from folnet.train.pretrain.inputs import check_inputs, micro_batches, run_dataset, run_tokenizer
 
 __all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
 
@@ -202,6 +202,7 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
                           f"= {config.micro_batch} rows per micro-batch cannot be split over "
                           f"{ctx.world_size} processes")
     resume = _resume_point(config, out)
+    check_inputs(config, resume)  # before OUT is created: a failed run leaves nothing behind
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(out)
