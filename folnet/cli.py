@@ -1,24 +1,87 @@
-"""The ``folnet`` command line: one sub-command per job, each a thin wrapper over the API."""
+"""The ``folnet`` command line: one sub-command per job, each a thin wrapper over the API.
+
+This module holds the command registry, the parsing and the commands a core install runs
+(``ops``, ``info``, ``convert``); the training commands register from ``folnet.train.*.cli``.
+
+Why registration is split from configuration: every command module is imported to list the
+commands, so importing one must be cheap (no torch, no training package). A command's options
+are declared (``configure``) only when that command runs or asks for its help, and its training
+packages are imported only inside ``run``. ``folnet --help`` thus never loads torch, and a
+command whose optional packages are missing says which extra to install in one line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from folnet import __version__
 from folnet.errors import FolnetError
 
-_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable]] = {}
+__all__ = ["EXTRAS", "Command", "DefaultsFormatter", "build_parser", "main",
+           "missing_modules", "register_command"]
+
+#: The optional extras of pyproject.toml and the modules folnet imports from each (module and
+#: distribution names are the same for all of them). A test keeps this equal to pyproject.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "train": ("datasets", "matplotlib", "tokenizers", "tqdm", "zstandard"),
+    "hf": ("accelerate", "transformers"),
+    "gpu": ("xformers",),
+}
+
+# the modules whose import registers the training commands (ops, info and convert are here)
+_COMMAND_MODULES = ("folnet.train.pretrain.cli", "folnet.train.finetune.cli",
+                    "folnet.train.ablate.cli")
 
 
-def register_command(
-    name: str,
-    help_text: str,
-    configure: Callable[[argparse.ArgumentParser], None],
-    run: Callable[[argparse.Namespace], int | None],
-) -> None:
-    """Add a sub-command: ``configure(parser)`` declares its options, ``run(args)`` does it."""
-    _COMMANDS[name] = (help_text, configure, run)
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: ``configure(parser)`` declares its options, ``run(args)`` does it, and
+    ``requires`` names the optional modules ``run`` imports (checked before it starts)."""
+
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+    requires: tuple[str, ...] = ()
+
+
+_COMMANDS: dict[str, Command] = {}
+
+DESCRIPTION = ("FOLNet (First-Order Logic Network): inspect operators and models, convert "
+               "released checkpoints, pretrain, finetune, evaluate and run ablations.")
+
+
+def register_command(name: str, help_text: str,
+                     configure: Callable[[argparse.ArgumentParser], None],
+                     run: Callable[[argparse.Namespace], int | None], *,
+                     requires: Sequence[str] = ()) -> None:
+    """Add a sub-command. ``requires`` lists modules of `EXTRAS` that ``run`` needs; a missing
+    one stops the command with the extra to install instead of a traceback."""
+    unknown = sorted(set(requires) - {m for mods in EXTRAS.values() for m in mods})
+    if unknown:
+        raise FolnetError(f"register_command {name!r}: requires {unknown} are in no extra; "
+                          f"known: {sorted(m for mods in EXTRAS.values() for m in mods)}")
+    _COMMANDS[name] = Command(help_text, configure, run, tuple(requires))
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with ``(default: X)`` for every option that has a real default.
+
+    Unlike argparse's ArgumentDefaultsHelpFormatter it says nothing for None, False and empty
+    defaults (flags whose default is "not given"), where "(default: None)" would only confuse.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("(default" in text or default is None or default is False or default == []
+                or default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def _ops_configure(p: argparse.ArgumentParser) -> None:
@@ -36,36 +99,140 @@ register_command("ops", "print the operator registry (the paper's Table 2, from 
                  _ops_configure, _ops_run)
 
 
+# -- info and convert: the architecture layer's commands, which a core install runs. They live
+# here because importing any module of folnet.arch loads the models (and torch) -------------
+
+
+def _info_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ops", help="operator string, e.g. jmc.atp")
+    p.add_argument("--preset", default="base", help="model size preset: tiny, small, base or "
+                   "large (specs/models/)")
+    p.add_argument("--seq-len", type=int, default=128, metavar="N",
+                   help="tokens per sequence the FLOPs and activation memory are counted for")
+    p.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help="vocabulary size (default: the preset's)")
+    p.add_argument("--D2", type=int, default=None, metavar="N",
+                   help="width of the binary (relation) stream (default: the preset's)")
+    p.add_argument("--position", default=None,
+                   help="position encoding: rpe, ape, ape+rpe, rpe* or none (default: the "
+                   "preset's, rpe)")
+
+
+def _info_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from folnet.arch.build import build_model
+    from folnet.arch.info import model_info
+
+    if args.seq_len < 1:
+        raise FolnetError(f"--seq-len must be >= 1, got {args.seq_len}")
+    overrides = {k: v for k, v in (("vocab_size", args.vocab_size), ("D2", args.D2),
+                                   ("position", args.position)) if v is not None}
+    with torch.device("meta"):
+        model = build_model(args.ops, preset=args.preset, **overrides)
+    print(model_info(model, args.seq_len).render())
+    return 0
+
+
+def _convert_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prefix", help="released checkpoint prefix: PREFIX.cfg and PREFIX.pt")
+    p.add_argument("outdir", help="directory for config.json + model.safetensors")
+
+
+def _convert_run(args: argparse.Namespace) -> int:
+    from folnet.arch.checkpoint import save_pretrained
+    from folnet.arch.official import load_official
+
+    model = load_official(args.prefix)
+    save_pretrained(model, args.outdir)
+    print(f"converted {args.prefix} ({model.plan}, head {model.head}) -> {args.outdir}")
+    return 0
+
+
+register_command("info", "parameters per component, FLOPs per sequence, activation memory",
+                 _info_configure, _info_run)
+register_command("convert", "convert a released FOLNet checkpoint (PREFIX.cfg/.pt) to ours",
+                 _convert_configure, _convert_run)
+
+
 def _load_subcommands() -> None:
-    """Import the modules that register the heavier sub-commands (arch, train)."""
-    import importlib
+    """Import the modules that register the other sub-commands (cheap: see the docstring)."""
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module)
 
-    for module in ("folnet.arch.cli", "folnet.train.pretrain.cli", "folnet.train.finetune.cli",
-                   "folnet.train.ablate.cli"):
+
+def _extra_of(module: str) -> str:
+    return next(name for name, modules in EXTRAS.items() if module in modules)
+
+
+def missing_modules(modules: Sequence[str]) -> list[str]:
+    """The modules of ``modules`` that cannot be imported (found without importing them)."""
+    missing = []
+    for module in modules:
+        if module in sys.modules:
+            continue
         try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a finder refusing it, or a broken parent
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _missing_extra_message(command: str, missing: Sequence[str]) -> str:
+    extras = sorted({_extra_of(m) for m in missing})
+    spelled = ",".join(extras)
+    return (f"folnet {command} needs the [{spelled}] extra: pip install 'folnet[{spelled}]' "
+            f"(missing: {', '.join(missing)})")
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The sub-command named in ``argv``: its first word that is not an option (the top-level
+    options, --help and --version, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(command: str | None = None
+                 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and one sub-parser per command; only ``command``'s options are declared
+    (every command's when None, as tests and documentation want)."""
     _load_subcommands()
-    parser = argparse.ArgumentParser(prog="folnet", description=__doc__)
+    parser = argparse.ArgumentParser(prog="folnet", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"folnet {__version__}",
+                        help="print the version of folnet and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, configure, _run) in _COMMANDS.items():
-        configure(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
+    parsers = {}
+    for name, cmd in _COMMANDS.items():
+        parsers[name] = sub.add_parser(name, help=cmd.help, description=cmd.help,
+                                       formatter_class=DefaultsFormatter)
+        if command is None or name == command:
+            cmd.configure(parsers[name])
+    return parser, parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _help, _configure, run = _COMMANDS[args.command]
+    """Run one command; user errors (bad options, missing extras) are one line and exit 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, parsers = build_parser(_command_in(argv) or "")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the sub-command's usage, not the top-level one
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    cmd = _COMMANDS[args.command]
+    missing = missing_modules(cmd.requires)
+    if missing:
+        print(_missing_extra_message(args.command, missing), file=sys.stderr)
+        return 2
     try:
-        return int(run(args) or 0)
+        return int(cmd.run(args) or 0)
     except FolnetError as exc:
         print(f"folnet {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional module the command did not declare
+        top = (exc.name or "").split(".")[0]
+        if not any(top in modules for modules in EXTRAS.values()):
+            raise
+        print(_missing_extra_message(args.command, [top]), file=sys.stderr)
         return 2
 
 

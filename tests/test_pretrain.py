@@ -74,7 +74,8 @@ def test_config_errors_name_the_file_or_the_flag(tmp_path):
 def test_run_directory_holds_checkpoints_tokenizer_logs_and_final_model(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(tiny_run(out, "--num-workers", "1", "--keep-last", "5")) == 0
-    assert f"final model: {out / 'final'}" in capsys.readouterr().out
+    closing = [line for line in capsys.readouterr().out.splitlines() if "final model" in line]
+    assert closing == [f"done: 4 steps; final model and tokenizer in {out / 'final'}"]
     for step in (2, 4):
         ckpt = out / "checkpoints" / f"step_{step}"
         names = {p.name for p in ckpt.iterdir()}

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 from folnet import files
 from folnet.errors import FolnetError, choices
 
-__all__ = ["Options", "add_flags", "check_count", "given_flags", "load_layered", "option",
-           "read_toml", "specs_file"]
+__all__ = ["Options", "add_flags", "check_count", "format_default", "given_flags",
+           "load_layered", "option", "read_toml", "specs_file"]
 
 ConfigT = TypeVar("ConfigT", bound="Options")
 
@@ -188,13 +188,31 @@ def load_layered(cls: type[ConfigT], defaults: Path, path: str | os.PathLike[str
 # -- the command line -------------------------------------------------------------------------
 
 
+def format_default(value: Any) -> str:
+    """A default as a user would type it: booleans as on/off (the flag and its --no- form),
+    sequences comma-separated as the flag takes them."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(format_default(v) for v in value)
+    return str(value)
+
+
 def add_flags(parser: argparse.ArgumentParser, cls: type[Options],
-              special: Mapping[str, Callable[[argparse.ArgumentParser, str], None]] | None = None
-              ) -> None:
+              special: Mapping[str, Callable[[argparse.ArgumentParser, str], None]] | None = None,
+              *, defaults: Mapping[str, Any] | None = None) -> None:
     """One flag per field of ``cls``, default None so that only flags the user gives override
-    the files; ``special[name](parser, help)`` adds a field's flag itself."""
+    the files; ``special[name](parser, help)`` adds a field's flag itself.
+
+    ``defaults`` (the defaults file the run starts from) supplies the "(default: X)" of each
+    help text: the help then shows what a run would use, not a copy that could drift from it.
+    """
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         text = f.metadata.get("help", "")
+        if defaults is not None and f.name in defaults and not isinstance(defaults[f.name],
+                                                                           Mapping):
+            shown = format_default(defaults[f.name]).replace("%", "%%")  # argparse formats help
+            text = f"{text} (default: {shown})"
         kind, _optional = _base_type(f)
         flag = cls.flag(f.name)
         if special and f.name in special:

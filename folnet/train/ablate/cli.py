@@ -1,4 +1,8 @@
-"""``folnet ablate PLAN``: the command line of `folnet.train.ablate.run`."""
+"""``folnet ablate PLAN``: the command line of `folnet.train.ablate.run`.
+
+Importing this module registers the command and must stay cheap (``folnet --help`` imports
+it): the training code is imported inside it.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,22 @@ from folnet.cli import register_command
 
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan file, or a name under specs/ablations (demo, table3)")
-    p.add_argument("--out", default=None, help="output directory (default runs/ablate-NAME)")
-    p.add_argument("--preset", default=None, help="model preset for every row (overrides plan)")
-    p.add_argument("--steps", type=int, default=None, help="pretraining steps per row")
-    p.add_argument("--seeds", type=int, default=None, help="finetuning seeds per task")
-    p.add_argument("--data", default=None, help="pretraining corpus: a path or 'kinship'")
-    p.add_argument("--tasks", default=None, help="comma-separated downstream tasks")
+    p.add_argument("--out", default=None, help="output directory (default: runs/ablate-NAME)")
+    p.add_argument("--preset", default=None, help="model preset for every row (default: the "
+                   "plan's)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="pretraining steps per row (default: the plan's)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="finetuning seeds per task (default: the plan's)")
+    p.add_argument("--data", default=None, help="pretraining corpus: a path or 'kinship' "
+                   "(default: the plan's)")
+    p.add_argument("--tasks", default=None, help="comma-separated downstream tasks (default: "
+                   "the plan's)")
     p.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
                    help="data directory of a task (repeatable)")
     p.add_argument("--rows", default=None, help="comma-separated row names to run (default all)")
-    p.add_argument("--jobs", type=int, default=1, help="rows run in parallel processes")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="rows run in parallel processes")
     p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -55,4 +65,4 @@ def _run(args: argparse.Namespace) -> int:
 
 
 register_command("ablate", "run an operator-ablation plan: pretrain, finetune, report",
-                 _configure, _run)
+                 _configure, _run, requires=("tokenizers", "tqdm", "datasets"))

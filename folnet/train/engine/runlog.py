@@ -1,5 +1,5 @@
 """Training logs: ``OUT/log.jsonl`` and ``OUT/log.csv`` (one record per logged step),
-TensorBoard when it is installed, and a live tqdm progress bar.
+TensorBoard when asked for, and a live tqdm progress bar.
 
 Why JSONL first: one self-describing record per line survives a crash mid-write (a torn last
 line is simply skipped by readers) and appends cheaply; the CSV is for spreadsheets and holds
@@ -7,15 +7,21 @@ the training-step records (those with a ``loss``) in the caller's columns. On re
 past the resumed step are dropped so the log reads as one uninterrupted run. Only rank 0 logs
 (`TrainLogger(enabled=False)` does nothing). Pretraining and finetuning use the same logger and
 differ only in their columns, their TensorBoard tag and what the bar shows.
+
+TensorBoard is off by default and no extra installs it: asked for (``--tensorboard``) without
+the package, a run says so once on stderr and keeps training on the JSONL/CSV logs, rather than
+failing an hours-long job over a dashboard or silently dropping what the user asked for.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,13 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
+@functools.cache
+def _say_tensorboard_missing(reason: str) -> None:
+    """One line per process (a finetuning run opens a logger per seed)."""
+    print(f"folnet: --tensorboard is on but TensorBoard cannot be used ({reason}); logging to "
+          f"log.jsonl and log.csv only (pip install tensorboard)", file=sys.stderr, flush=True)
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN/inf
@@ -57,7 +70,7 @@ class TrainLogger:
     def __init__(self, out: str | os.PathLike[str], *, fields: Sequence[str], tag: str,
                  total_steps: int, postfix: Callable[[Mapping[str, Any]], str] | None = None,
                  desc: str | None = None, enabled: bool = True, start_step: int = 0,
-                 tensorboard: bool = True, progress: bool = True) -> None:
+                 tensorboard: bool = False, progress: bool = True) -> None:
         self.enabled = enabled
         self.out = Path(out)
         self.fields = tuple(fields)
@@ -77,7 +90,8 @@ class TrainLogger:
 
                 self._tb = SummaryWriter(log_dir=str(self.out / "tensorboard"),
                                          purge_step=start_step + 1)
-            except ImportError:  # tensorboard is optional
+            except ImportError as exc:  # tensorboard is optional: say so, keep training
+                _say_tensorboard_missing(str(exc).splitlines()[0] if str(exc) else "not installed")
                 self._tb = None
         if progress:
             from tqdm.auto import tqdm

@@ -3,8 +3,9 @@
 
 As for ``folnet pretrain``, the finetune flags are generated from `FinetuneConfig`, so the
 command line, ``specs/train/finetune.toml`` and the Python API cannot drift apart; only flags
-the user gives override the file (their argparse default is None). Importing this module
-registers both commands.
+the user gives override the file (their argparse default is None), and the help shows the
+defaults of ``specs/train/finetune.toml``. Importing this module registers both commands and
+must stay cheap (``folnet --help`` imports it): the training code is imported inside them.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from __future__ import annotations
 import argparse
 
 from folnet.cli import register_command
-from folnet.train.engine.amp import PRECISIONS
-from folnet.train.options import add_flags, given_flags
+from folnet.train.options import add_flags, given_flags, read_toml
 
 
 def _finetune_configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.finetune.config import FinetuneConfig
+    from folnet.train.finetune.config import FinetuneConfig, default_config_path
 
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="TOML file of options (defaults: specs/train/finetune.toml)")
-    add_flags(p, FinetuneConfig)
+                   help="TOML file of options over the defaults shown here (those of "
+                   "specs/train/finetune.toml); flags override both")
+    add_flags(p, FinetuneConfig, defaults=read_toml(default_config_path()))
 
 
 def _finetune_run(args: argparse.Namespace) -> int:
@@ -41,6 +42,8 @@ def _finetune_run(args: argparse.Namespace) -> int:
 
 
 def _evaluate_configure(p: argparse.ArgumentParser) -> None:
+    from folnet.train.engine.amp import PRECISIONS
+
     p.add_argument("--model", required=True, metavar="DIR",
                    help="a finetuned model: folnet finetune's OUT or OUT/model")
     p.add_argument("--out", required=True, metavar="DIR", help="where eval.json and "
@@ -51,9 +54,11 @@ def _evaluate_configure(p: argparse.ArgumentParser) -> None:
                    "(not needed for kinship)")
     p.add_argument("--splits", default=None, metavar="A,B",
                    help="splits to score (default: the task's evaluation splits)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N",
+                   help="examples scored per forward pass")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="fp32, bf16 or fp16 (autocast)")
     p.add_argument("--tokenizer", default=None, help="tokenizer to use instead of the model's")
     p.add_argument("--max-eval-examples", type=int, default=None, metavar="N",
                    help="score only the first N examples of each split")
@@ -82,6 +87,7 @@ def _evaluate_run(args: argparse.Namespace) -> int:
 
 
 register_command("finetune", "finetune a pretrained FOLNet on GLUE, SQuAD 2.0, FOLIO, CLUTRR "
-                 "or the kinship task (median over seeds)", _finetune_configure, _finetune_run)
+                 "or the kinship task (median over seeds)", _finetune_configure, _finetune_run,
+                 requires=("tokenizers", "tqdm"))
 register_command("evaluate", "score a finetuned FOLNet on a task's evaluation splits",
-                 _evaluate_configure, _evaluate_run)
+                 _evaluate_configure, _evaluate_run, requires=("tokenizers",))

@@ -14,14 +14,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from folnet.errors import FolnetError
 from folnet.train.data.kinship import MAX_K, MIN_K, TEST_K, TRAIN_K
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.optim import SCHEDULES
 from folnet.train.options import Options, load_layered, option, specs_file
-from folnet.train.tasks.base import TaskSpec
+
+if TYPE_CHECKING:  # the tasks import tokenizers; the command line declares flags without it
+    from folnet.train.tasks.base import TaskSpec
 
 __all__ = ["FinetuneConfig", "Hyper", "default_config_path", "load_finetune_config", "parse_ks"]
 
@@ -133,7 +135,8 @@ class FinetuneConfig(Options):
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     log_every: int = option(10, "log every N steps")
     progress: bool = option(True, "show a progress bar")
-    tensorboard: bool = option(True, "also log to TensorBoard when it is installed")
+    tensorboard: bool = option(False, "also log to OUT/seed_N/tensorboard (needs the "
+                                      "tensorboard package)")
 
     def __post_init__(self) -> None:
         self.check_types()

@@ -2,18 +2,21 @@
 
 The flags are generated from the dataclass (`folnet.train.options.add_flags`), so the command
 line, the TOML files under ``specs/train/`` and the Python API can never drift apart. Only flags
-the user actually gives override the file (their argparse default is None).
+the user actually gives override the file (their argparse default is None); the help shows the
+defaults of ``specs/train/pretrain.toml``, the file a run starts from.
+
+The run itself prints the one closing line ("done: N steps; final model and tokenizer in ..."),
+so this wrapper prints nothing after it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from folnet.cli import register_command
 from folnet.errors import FolnetError
-from folnet.train.options import add_flags, given_flags
+from folnet.train.options import add_flags, given_flags, read_toml
 
 
 def _model_item(text: str) -> tuple[str, Any]:
@@ -30,10 +33,11 @@ def _model_item(text: str) -> tuple[str, Any]:
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.pretrain.config import PretrainConfig
+    from folnet.train.pretrain.config import PretrainConfig, default_config_path
 
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="TOML file of options (defaults: specs/train/pretrain.toml)")
+                   help="TOML file of options over the defaults shown here (those of "
+                   "specs/train/pretrain.toml); flags override both")
     add_flags(p, PretrainConfig, {
         "model": lambda q, text: q.add_argument(
             "--model", metavar="KEY=VALUE", action="append", type=_model_item, default=None,
@@ -41,7 +45,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "resume": lambda q, text: q.add_argument(
             "--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
             help=text + " (bare --resume: latest)"),
-    })
+    }, defaults=read_toml(default_config_path()))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -54,11 +58,9 @@ def _run(args: argparse.Namespace) -> int:
     config = load_pretrain_config(args.config, overrides)
     if config.out is None:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
-    final = pretrain(config)
-    if os.environ.get("RANK", "0") == "0":
-        print(f"final model: {final}")
+    pretrain(config)  # its logger prints the final line (rank 0 only)
     return 0
 
 
 register_command("pretrain", "pretrain a FOLNet with MLM + NSP/SOP (LAMB, AMP, DDP/FSDP, "
-                 "exact resume)", _configure, _run)
+                 "exact resume)", _configure, _run, requires=("tokenizers", "tqdm", "datasets"))

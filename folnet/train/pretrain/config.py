@@ -106,7 +106,7 @@ class PretrainConfig(Options):
               "backend)", metavar="CKPT_OR_RUN")
     num_workers: int = option(0, "DataLoader worker processes")
     fsdp: bool = option(False, "shard parameters with FSDP instead of DDP")
-    tensorboard: bool = option(True, "also log to OUT/tensorboard when tensorboard imports")
+    tensorboard: bool = option(False, "also log to OUT/tensorboard (needs the tensorboard package)")
     progress: bool = option(True, "show a progress bar")
 
     def __post_init__(self) -> None:

@@ -4,6 +4,9 @@ Every rank reads the same global micro-batches (see `folnet.train.engine.distrib
 alone trains the tokenizer and fills the example cache, and the other ranks wait for it and
 then read what it wrote. Data faults are reported under ``--data``, the option that chose the
 data.
+
+`check_inputs` runs before the run writes anything: a run that fails on a typo must not leave a
+half-made ``OUT`` behind for the corrected retry to trip over.
 """
 
 from __future__ import annotations
@@ -15,18 +18,44 @@ from typing import TypeVar
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from folnet.arch import build_model
 from folnet.errors import FolnetError
 from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.corpus import build_pretraining_dataset
-from folnet.train.data.documents import iter_documents
+from folnet.train.data.documents import iter_documents, resolve_sources
 from folnet.train.data.masking import PretrainingCollator
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_tokenizer
 from folnet.train.engine.distributed import DistContext, GlobalBatchSampler, barrier
 from folnet.train.pretrain.config import PretrainConfig
 
-__all__ = ["micro_batches", "run_dataset", "run_tokenizer"]
+__all__ = ["check_inputs", "micro_batches", "run_dataset", "run_tokenizer"]
 
 T = TypeVar("T")
+
+
+def check_inputs(config: PretrainConfig, tokenizer_from: Path | None) -> None:
+    """Raise `FolnetError` for a bad ``--data`` source, ``--tokenizer`` or model option
+    (``--ops``, ``--preset``, ``--model``) without writing anything.
+
+    The corpus paths are checked (they exist, are of a known type, are not empty), not read:
+    a corpus that holds no usable text is still found only when the tokenizer trains on it.
+    The model is built on the meta device, which checks every option without memory or time.
+    """
+    _data_errors(lambda: resolve_sources(config.data))
+    vocab_size = config.vocab_size  # a trained tokenizer's size is not known yet
+    if tokenizer_from is not None:  # resumed, or the weights the run starts from
+        vocab_size = load_tokenizer(tokenizer_from).vocab_size
+    elif config.tokenizer is not None:
+        try:
+            vocab_size = load_tokenizer(config.tokenizer).vocab_size
+        except FolnetError as exc:
+            raise FolnetError(f"--tokenizer: {exc}") from None
+    try:
+        with torch.device("meta"):
+            build_model(config.ops, preset=config.preset, head="pretraining",
+                        vocab_size=vocab_size, **config.model_overrides)
+    except FolnetError as exc:
+        raise FolnetError(f"{exc} (the model comes from --ops, --preset and --model)") from None
 
 
 def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,

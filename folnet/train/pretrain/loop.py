@@ -53,7 +53,7 @@ from folnet.train.engine.state import (
     write_model_fn,
 )
 from folnet.train.pretrain.config import PretrainConfig
-from folnet.train.pretrain.inputs import micro_batches, run_dataset, run_tokenizer
+from folnet.train.pretrain.inputs import check_inputs, micro_batches, run_dataset, run_tokenizer
 from folnet.train.pretrain.start import load_initial_weights, plan_start
 
 __all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
@@ -183,6 +183,7 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
                           f"{ctx.world_size} processes")
     start = plan_start(config, out)  # checks resume/init-from options; writes nothing
     config, resume = start.config, start.resume
+    check_inputs(config, start.tokenizer_from)  # before OUT exists: a failure leaves nothing
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(out)

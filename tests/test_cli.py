@@ -1,0 +1,143 @@
+"""The ``folnet`` command line as a newcomer meets it: --version, help that shows every option
+with the defaults a run really uses, errors in the sub-command's own usage, a failed run that
+leaves nothing behind, and one closing line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import folnet
+from folnet.cli import DefaultsFormatter, build_parser, main
+from folnet.train.finetune.config import default_config_path as finetune_defaults
+from folnet.train.options import format_default, read_toml
+from folnet.train.pretrain.config import default_config_path as pretrain_defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ("ops", "info", "convert", "pretrain", "finetune", "evaluate", "ablate")
+
+
+def _wide_help(parser: argparse.ArgumentParser) -> str:
+    """The parser's help with one line per option (no wrapping), for line-wise checks."""
+    parser.formatter_class = lambda prog: DefaultsFormatter(prog, width=2000,
+                                                            max_help_position=1000)
+    return parser.format_help()
+
+
+def _option_lines(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's (or positional's) invocation -> its help text ('' when it has none)."""
+    lines: dict[str, str] = {}
+    sections = _wide_help(parser).split("\n\n")
+    for section in sections:
+        head, *entries = section.splitlines()
+        if head not in ("options:", "positional arguments:"):
+            continue
+        for entry in entries:
+            match = re.fullmatch(r"  (\S(?:.*?\S)?)(?: {2,}(.*))?", entry)
+            assert match, entry
+            lines[match.group(1)] = match.group(2) or ""
+    return lines
+
+
+def test_version_comes_from_the_package(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"folnet {folnet.__version__}\n"
+    try:
+        installed = importlib.metadata.version("folnet")
+    except importlib.metadata.PackageNotFoundError:  # running from a plain checkout
+        return
+    assert installed == folnet.__version__
+
+
+def test_every_option_of_every_command_has_help():
+    _parser, parsers = build_parser()
+    assert set(parsers) == set(COMMANDS)
+    for name, parser in parsers.items():
+        options = _option_lines(parser)
+        assert options, name
+        bare = [invocation for invocation, text in options.items() if not text.strip()]
+        assert not bare, f"folnet {name}: options without help: {bare}"
+
+
+@pytest.mark.parametrize("command, defaults", [("pretrain", pretrain_defaults),
+                                               ("finetune", finetune_defaults)])
+def test_help_shows_the_defaults_of_the_toml_file_a_run_starts_from(command, defaults):
+    _parser, parsers = build_parser(command)
+    options = _option_lines(parsers[command])
+    values = read_toml(defaults())
+    assert values
+    for key, value in values.items():
+        if isinstance(value, dict):
+            continue
+        flag = "--" + key.replace("_", "-")
+        (text,) = [t for inv, t in options.items() if inv.split()[0].rstrip(",") == flag]
+        assert text.endswith(f"(default: {format_default(value)})"), (flag, text)
+    if command == "pretrain":  # spot checks against the file's literal values
+        wrapped = " ".join(parsers[command].format_help().split())
+        for text in ("(default: 0.001)", "(default: 8000)", "(default: 256)"):
+            assert text in wrapped
+
+
+def test_plain_options_show_their_defaults_too():
+    _parser, parsers = build_parser("info")
+    options = _option_lines(parsers["info"])
+    assert options["--seq-len N"].endswith("(default: 128)")
+    assert options["--preset PRESET"].endswith("(default: base)")
+    assert "None" not in " ".join(options.values())  # a flag that is unset says what happens
+
+
+@pytest.mark.parametrize("argv", [["pretrain", "--bogus"], ["info", "jmc.atp", "--bogus"],
+                                  ["evaluate", "--model", "m", "--out", "o", "--bogus"]])
+def test_an_unknown_flag_shows_the_subcommand_usage(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: folnet {argv[0]} ")
+    assert f"folnet {argv[0]}: error: unrecognized arguments: --bogus" in err
+
+
+def test_help_imports_only_what_it_shows():
+    """Listing the commands must not load torch or any command's options."""
+    code = ("import sys\nfrom folnet.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint(sorted(m for m in ('torch', 'tokenizers', "
+            "'folnet.arch', 'folnet.train.pretrain.config') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(ROOT), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    assert out.splitlines()[-1] == "[]"
+
+
+def _tiny_pretrain(out, *extra: str) -> list[str]:
+    return ["pretrain", "--preset", "tiny", "--data", "kinship", "--kinship-documents", "30",
+            "--vocab-size", "120", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
+            "--log-every", "1", "--no-progress", "--out", str(out), *extra]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_failed_pretrain_writes_nothing_and_the_retry_runs(tmp_path, capsys):
+    out = tmp_path / "run"
+    bad = {"--data": ["--data", str(tmp_path / "missing.txt")],
+           "--tokenizer": ["--tokenizer", str(tmp_path / "missing.json")],
+           "D2": ["--model", "D2=0"], "operator": ["--ops", "q.q"], "preset": ["--preset", "huge"]}
+    for needle, flags in bad.items():
+        assert main([*_tiny_pretrain(out), *flags]) == 2, needle
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+        assert not out.exists(), f"{needle}: a failed run left {sorted(out.rglob('*'))}"
+    assert main(_tiny_pretrain(out)) == 0
+    stdout = capsys.readouterr().out
+    final = out / "final"
+    assert (final / "config.json").is_file()
+    closing = [line for line in stdout.splitlines() if str(final) in line]
+    assert closing == [f"done: 2 steps; final model and tokenizer in {final}"]
