@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from folnet.cli import main as cli_main
-from folnet.train.engine.lock import RunLock
+from folnet.train.engine.lock import RunLock, lock_holder
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(),
                                 reason="needs /proc (Linux) to find the row processes")
@@ -142,6 +142,11 @@ def _cleanup(out: Path, *procs: subprocess.Popen) -> None:
             pass
 
 
+def _row_holder_pid(out: Path, row: str) -> object:
+    holder = lock_holder(out / "rows" / row)
+    return None if holder is None else holder.get("pid")
+
+
 def _gone_within(pids, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
@@ -163,16 +168,21 @@ def test_sigkill_of_the_ablate_takes_its_row_processes_with_it(tmp_path):
         _cleanup(out, parent)
 
 
-def test_sigterm_to_the_ablate_stops_its_rows(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_or_ctrl_c_to_the_ablate_stops_its_rows(tmp_path, sig):
     out = tmp_path / "out"
     parent = _start(_plan(tmp_path, 100000), out, "--jobs", "2")
     try:
         _wait(lambda: _rows_pretraining(out), 60, "both rows to pretrain")
         rows = _row_procs(out)
-        parent.send_signal(signal.SIGTERM)
+        parent.send_signal(sig)
         assert parent.wait(timeout=20) != 0
         left = _gone_within(rows, 5.0)
         assert not left, f"row processes {[(p, rows[p]) for p in left]} outlived their ablate"
+        printed = (tmp_path / "out-parent.log").read_text()
+        assert "== stopping 2 running row(s)" in printed, printed
+        for row in ROWS:  # each row unwound (its lock released), none left holding its row
+            assert _row_holder_pid(out, row) is None
     finally:
         _cleanup(out, parent)
 
@@ -241,3 +251,19 @@ def test_row_log_keeps_its_lines_after_a_kill_and_a_resume(tmp_path):
         assert data.count(b"pretraining j.a") >= 2
     finally:
         _cleanup(out, first, *([second] if second else []))
+
+
+def test_a_row_process_whose_ablate_is_already_gone_does_not_run(tmp_path):
+    """The race the parent-death signal cannot cover: the ablate died before its row process
+    armed the signal. The row process notices (its parent is no longer the ablate) and stops
+    before touching the row."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "folnet", "ablate", str(_plan(tmp_path, 3)), "--out", str(out),
+         "--rows", "first", "--no-progress", "--no-report", "--parent-pid", str(gone.pid)],
+        env=_env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"(pid {gone.pid}) is gone" in proc.stderr
+    assert not (out / "rows").exists()

@@ -30,14 +30,21 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="rows run in parallel processes")
     p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
+    # set by `--jobs N` on the row processes it starts: the ablate they must not outlive
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.parent_pid is not None:  # first, before the heavy imports: end with the parent
+        from folnet.train.engine.procs import die_with_parent
+
+        die_with_parent(args.parent_pid)
     from folnet.errors import FolnetError
     from folnet.runtime import tune_cpu_allocator
     from folnet.train.ablate.plan import load_plan
     from folnet.train.ablate.run import run_plan
+    from folnet.train.engine.procs import sigterm_exits
 
     task_data = {}
     for item in args.task_data:
@@ -53,9 +60,10 @@ def _run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, overrides)  # every row validated before anything trains
     tune_cpu_allocator()
     out = args.out or f"runs/ablate-{plan.name}"
-    paths = run_plan(plan, out, jobs=args.jobs,
-                     only=args.rows.split(",") if args.rows else None,
-                     progress=not args.no_progress, report=not args.no_report)
+    with sigterm_exits():  # SIGTERM unwinds: row locks released, row processes stopped
+        paths = run_plan(plan, out, jobs=args.jobs,
+                         only=args.rows.split(",") if args.rows else None,
+                         progress=not args.no_progress, report=not args.no_report)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if "md" in paths:

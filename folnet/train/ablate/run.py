@@ -11,16 +11,16 @@ Layout of ``OUT``::
 
 An interrupted run resumes: finished rows (result.json) are skipped, pretraining resumes from
 its latest checkpoint, a finished finetune (eval.json) is reused. ``jobs > 1`` runs rows in
-parallel processes, each given its share of the CPU threads.
+parallel processes (`folnet.train.ablate.parallel`), which end with the ablate however it ends.
+Whoever runs a row holds its lock (`folnet.train.ablate.rows`): a row that another live process
+is running is reported and not started again, and the run ends with an error naming it (the
+report covers the rows finished so far).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -32,8 +32,10 @@ import torch
 from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json
+from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
 from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
+from folnet.train.ablate.rows import RowBusy, claim_row, row_dir, running_message
 from folnet.train.engine.runlog import read_log
 from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
 from folnet.train.finetune.run import finetune
@@ -45,22 +47,22 @@ def _task_slug(task: str) -> str:
     return task.replace("/", "-")
 
 
-def _pretrain_config(plan: AblationPlan, row: AblationRow, row_dir: Path,
+def _pretrain_config(plan: AblationPlan, row: AblationRow, directory: Path,
                      progress: bool) -> PretrainConfig:
     shared = dict(plan.pretrain)
     model = {**dict(shared.pop("model", {})), **row.model_overrides}
     return load_pretrain_config(None, {
         **shared, "ops": row.ops, "data": plan.data, "objective": LOSSES[row.loss],
-        "model": model, "out": str(row_dir / "pretrain"), "resume": "auto",
+        "model": model, "out": str(directory / "pretrain"), "resume": "auto",
         "progress": progress, "tensorboard": False})
 
 
-def _finetune_config(plan: AblationPlan, task: str, row_dir: Path,
+def _finetune_config(plan: AblationPlan, task: str, directory: Path,
                      progress: bool) -> FinetuneConfig:
     return load_finetune_config(None, {
         **dict(plan.finetune), "task": task, "data": dict(plan.task_data).get(task),
-        "checkpoint": str(row_dir / "pretrain"), "seeds": plan.seeds,
-        "out": str(row_dir / "finetune" / _task_slug(task)), "overwrite": True,
+        "checkpoint": str(directory / "pretrain"), "seeds": plan.seeds,
+        "out": str(directory / "finetune" / _task_slug(task)), "overwrite": True,
         "progress": progress, "tensorboard": False})
 
 
@@ -105,15 +107,26 @@ def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dic
 
 def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Pretrain and finetune one row (resuming whatever is already done)."""
-    row_dir = out / "rows" / row.slug
-    done = row_dir / "result.json"
+    """Pretrain and finetune one row (resuming whatever is already done), holding the row's
+    lock meanwhile; raises `RowBusy` when another live process is running the row."""
+    done = row_dir(out, row) / "result.json"
     if done.is_file():
         log(f"[{row.name}] finished earlier: {done}")
         return json.loads(done.read_text())
-    pcfg = _pretrain_config(plan, row, row_dir, progress)
+    with claim_row(out, row):
+        if done.is_file():  # finished by the process that held the row a moment ago
+            log(f"[{row.name}] finished earlier: {done}")
+            return json.loads(done.read_text())
+        return _run_claimed_row(plan, row, out, progress=progress, log=log)
+
+
+def _run_claimed_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool,
+                     log: Callable[[str], None]) -> dict[str, Any]:
+    directory = row_dir(out, row)
+    done = directory / "result.json"
+    pcfg = _pretrain_config(plan, row, directory, progress)
     start = time.perf_counter()
-    final = row_dir / "pretrain" / "final"
+    final = directory / "pretrain" / "final"
     if not (final / "config.json").is_file():
         log(f"[{row.name}] pretraining {row.ops} ({pcfg.preset}, {pcfg.steps} steps)")
         pretrain(pcfg)
@@ -121,11 +134,11 @@ def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool =
     cfg = ModelConfig.from_dict(read_metadata(final)["model"])
     result: dict[str, Any] = {
         **{k: v for k, v in asdict(row).items() if k != "paper"}, "paper": dict(row.paper),
-        "D2": cfg.D2, **_model_stats(cfg, pcfg.seq_len), **_pretrain_stats(row_dir / "pretrain"),
+        "D2": cfg.D2, **_model_stats(cfg, pcfg.seq_len), **_pretrain_stats(directory / "pretrain"),
         "pretrain_seconds": pretrain_seconds, "metrics": {}, "baselines": {}}
     start = time.perf_counter()
     for task in plan.tasks:
-        fcfg = _finetune_config(plan, task, row_dir, progress)
+        fcfg = _finetune_config(plan, task, directory, progress)
         eval_json = Path(fcfg.out) / "eval.json"
         if eval_json.is_file():
             payload = json.loads(eval_json.read_text())
@@ -158,7 +171,10 @@ def _check_out(plan: AblationPlan, out: Path) -> None:
 def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
              only: Sequence[str] | None = None, progress: bool = True,
              report: bool = True) -> dict[str, Path]:
-    """Run every row of ``plan`` (or the rows named in ``only``) and write the reports."""
+    """Run every row of ``plan`` (or the rows named in ``only``) and write the reports.
+
+    Rows that failed (``jobs > 1``) or that another live process is running are named in a
+    `FolnetError` raised after the report of the finished rows is written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_out(plan, out)
@@ -168,48 +184,41 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
         raise FolnetError(f"--rows {list(only)} names rows the plan lacks; rows: {known}")
     started = time.perf_counter()
     if jobs <= 1 or len(rows) <= 1:
+        outcome = ParallelOutcome()
         for i, row in enumerate(rows, 1):
             print(f"== row {i}/{len(rows)}: {row.name}", flush=True)
-            run_row(plan, row, out, progress=progress)
+            try:
+                run_row(plan, row, out, progress=progress)
+            except RowBusy as busy:
+                outcome.busy[row.name] = busy.holder
+                print(f"== {busy}; not started again", flush=True)
     else:
-        _run_parallel(rows, out, jobs)
+        outcome = run_parallel(rows, out, jobs)
     print(f"== {len(rows)} row(s) in {time.perf_counter() - started:.0f} s", flush=True)
-    if not report:
+    paths = _write_report(plan, out) if report else {}
+    problems = []
+    if outcome.failed:
+        problems.append(f"row(s) {outcome.failed} failed; see their logs in {str(out)!r}")
+    if outcome.busy:
+        names = ", ".join(running_message(r, h) for r, h in _named(plan, outcome.busy))
+        problems.append(f"{names}; not started again: rerun this command once it has "
+                        f"finished to complete the report")
+    if problems:
+        raise FolnetError("; ".join(problems))
+    return paths
+
+
+def _named(plan: AblationPlan, busy: dict[str, dict[str, object]]
+           ) -> list[tuple[AblationRow, dict[str, object]]]:
+    return [(row, busy[row.name]) for row in plan.rows if row.name in busy]
+
+
+def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
+    finished = [json.loads((row_dir(out, r) / "result.json").read_text())
+                for r in plan.rows if (row_dir(out, r) / "result.json").is_file()]
+    if not finished:  # every row failed or is running elsewhere: nothing to tabulate yet
         return {}
-    finished = [json.loads((out / "rows" / r.slug / "result.json").read_text())
-                for r in plan.rows if (out / "rows" / r.slug / "result.json").is_file()]
     header = (f"Plan `{plan.name}` ({plan.source}): {plan.description}\n\n"
               f"Pretraining: {dict(plan.pretrain)} on `{plan.data}`; tasks: "
               f"{', '.join(plan.tasks)} ({plan.seeds} seed(s), median).")
     return write_reports(finished, out, plan_name=plan.name, header=header)
-
-
-def _run_parallel(rows: list[AblationRow], out: Path, jobs: int) -> None:
-    """Each row in its own ``folnet ablate OUT/plan.json --rows ROW`` process, ``jobs`` at a
-    time (the children read the effective plan, command-line overrides included)."""
-    plan_path = str(out / "plan.json")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    pending = list(rows)
-    running: list[tuple[AblationRow, subprocess.Popen, Any]] = []
-    failed = []
-    while pending or running:
-        while pending and len(running) < jobs:
-            row = pending.pop(0)
-            cmd = [sys.executable, "-m", "folnet", "ablate", plan_path, "--out", str(out),
-                   "--rows", row.name, "--jobs", "1", "--no-report", "--no-progress"]
-            log = (out / f"{row.slug}.log").open("w")  # closed when the process ends
-            running.append((row, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
-            print(f"== started {row.name} (log: {out / (row.slug + '.log')})", flush=True)
-        time.sleep(1.0)
-        for item in list(running):
-            row, proc, log = item
-            if proc.poll() is not None:
-                running.remove(item)
-                log.close()
-                print(f"== {row.name}: {'done' if proc.returncode == 0 else 'FAILED'}",
-                      flush=True)
-                if proc.returncode != 0:
-                    failed.append(row.name)
-    if failed:
-        raise FolnetError(f"row(s) {failed} failed; see their logs in {str(out)!r}")
