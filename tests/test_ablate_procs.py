@@ -110,10 +110,7 @@ def _row_procs(out: Path) -> dict[int, str]:
 
 
 def _lines(path: Path) -> int:
-    try:
-        return path.read_bytes().count(b"\n")
-    except OSError:
-        return 0
+    return _read(path).count(b"\n")
 
 
 def _wait(condition, timeout: float, what: str) -> None:
@@ -124,10 +121,18 @@ def _wait(condition, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _rows_pretraining(out: Path) -> bool:
-    """Both rows have a live process and have logged at least two pretraining steps."""
+def _rows_pretraining(out: Path, steps: int = 2) -> bool:
+    """Both rows have a live process that has said it pretrains and logged ``steps`` steps."""
     return (sorted(_row_procs(out).values()) == sorted(ROWS)
-            and all(_lines(out / "rows" / r / "pretrain" / "log.jsonl") >= 2 for r in ROWS))
+            and all(b"pretraining j.a" in _read(out / f"{r}.log") for r in ROWS)
+            and all(_lines(out / "rows" / r / "pretrain" / "log.jsonl") >= steps for r in ROWS))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def _cleanup(out: Path, *procs: subprocess.Popen) -> None:
@@ -224,7 +229,7 @@ def test_row_log_keeps_its_lines_after_a_kill_and_a_resume(tmp_path):
     first = _start(plan, out, "--jobs", "2")
     second = None
     try:
-        _wait(lambda: _rows_pretraining(out), 60, "both rows to pretrain")
+        _wait(lambda: _rows_pretraining(out, steps=0), 60, "both rows to start pretraining")
         old = set(_row_procs(out))
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
