@@ -45,6 +45,8 @@ def build_model(ops: str = "jmc.atp", *, preset: str = "base", kind: str = "enco
     "decoder" or "encoder-decoder"; ``overrides`` any of D1, D2, L, H, S, F1, F2, delta,
     position, vocab_size, type_vocab_size, dropout, backend. With ``head=None`` the bare
     encoder (the LM head for the text kinds); otherwise a name of `folnet.arch.heads.HEADS`.
+    Sizes whose parameters would not fit in memory are refused before anything is allocated
+    (`folnet.arch.sizes`).
     """
     cfg = make_config(ops, preset_name=preset, kind=kind, overrides=overrides)
     plan = parse_plan(cfg.ops, cfg.L)
