@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.arch.config import ModelConfig
+from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
 from folnet.errors import FolnetError
 from folnet.files import read_json
 from folnet.io import atomic_write, atomic_write_json
@@ -102,14 +103,17 @@ def resolve_model_dir(path: str | Path, *, what: str = "checkpoint") -> Path:
 
 
 def saved_num_labels(meta: dict[str, Any]) -> int:
-    """The head's output count a config.json records (transformers writes id2label)."""
+    """The head's output count a config.json records (transformers writes id2label); the
+    fields were checked by `read_metadata`."""
     if "num_labels" in meta:
         return int(meta["num_labels"])
     return len(meta.get("id2label") or {}) or 2
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:
-    """A checkpoint's config.json, checked to be ours."""
+    """A checkpoint's config.json, checked to be ours and its top-level fields checked for
+    type (`check_metadata`); the model config under ``model`` is checked when it is read
+    (`folnet.arch.config.ModelConfig.from_dict`)."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FolnetError(f"checkpoint {str(directory)!r} has no config.json")
@@ -117,7 +121,31 @@ def read_metadata(directory: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise FolnetError(f"{path}: not a folnet checkpoint (format {found!r})")
+    check_metadata(meta, str(path))
     return meta
+
+
+def check_metadata(meta: dict[str, Any], where: str) -> None:
+    """The fields of config.json beside the model config: each fault a `FolnetError` naming
+    ``where`` (the file) and the field, so no raw TypeError surfaces later."""
+
+    def bad(name: str, want: str) -> FolnetError:
+        return FolnetError(f"{where}: field {name!r} must be {want}, got {meta[name]!r}")
+
+    if "model" not in meta:
+        raise FolnetError(f"{where}: missing field 'model' (the model config)")
+    if not isinstance(meta["model"], dict):
+        raise bad("model", "an object of model config fields")
+    for name in ("version", "num_labels"):
+        value = meta.get(name)
+        if name in meta and (not isinstance(value, int) or isinstance(value, bool)
+                             or value < 1):
+            raise bad(name, "a positive integer")
+    for name in ("ops", "kind", "head"):
+        if meta.get(name) is not None and not isinstance(meta[name], str):
+            raise bad(name, "a string" + (" or null" if name == "head" else ""))
+    if meta.get("id2label") is not None and not isinstance(meta["id2label"], dict):
+        raise bad("id2label", "an object")
 
 
 def ensure_operators(cfg: ModelConfig) -> None:
@@ -152,15 +180,20 @@ def read_weights(directory: str | Path, *, map_location: str = "cpu") -> dict[st
 
 def load_weights(model: Any, directory: str | Path, *, only: str | None = None,
                  map_location: str = "cpu") -> None:
-    """Load ``directory/model.safetensors`` into ``model``, strictly: every key must fit. With
+    """Load ``directory/model.safetensors`` into ``model``, strictly: every key must fit, with
+    its shape (checked from the file's header before any tensor is read). With
     ``only="encoder."`` just the keys under that prefix are loaded and required (a new head
     over a pretrained encoder)."""
+    weights = Path(directory) / "model.safetensors"
+    if not weights.is_file():
+        raise FolnetError(f"checkpoint {str(directory)!r} has no model.safetensors")
+    check_shapes(implied_shapes(model), weight_shapes(weights), str(weights), only=only,
+                 config="its config.json")
     state = read_weights(directory, map_location=map_location)
     if only is not None:
         state = {k: v for k, v in state.items() if k.startswith(only)}
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if only is None or k.startswith(only)]
     if missing or result.unexpected_keys:
-        raise FolnetError(f"{Path(directory) / 'model.safetensors'}: weights do not fit its "
-                          f"config.json: missing keys {missing[:8]}, unexpected keys "
-                          f"{result.unexpected_keys[:8]}")
+        raise FolnetError(f"{weights}: weights do not fit its config.json: missing keys "
+                          f"{missing[:8]}, unexpected keys {result.unexpected_keys[:8]}")

@@ -19,6 +19,92 @@ KINDS = ("encoder", "decoder", "encoder-decoder")
 PRESETS = ("tiny", "small", "base", "large")
 
 
+#: Upper bounds of the integer sizes, far above any trained FOLNet (base: D1 768, L 12,
+#: vocab 32k) and below what a typo makes (D1 = 10**9): a size beyond its bound is refused
+#: before anything is built. Sizes within the bounds can still add up to a model too large for
+#: the machine; `folnet.arch.sizes` checks the implied parameter count before allocation.
+SIZE_LIMITS = {
+    "D1": 2**16, "D2": 2**16, "L": 1024, "H": 1024, "S": 2**16, "F1": 2**18, "F2": 2**18,
+    "delta": 2**16, "vocab_size": 2**24, "type_vocab_size": 2**16, "max_positions": 2**20,
+}
+#: The string fields and their closed sets of values (None: any non-empty string).
+CHOICES: dict[str, tuple[str, ...] | None] = {
+    "ops": None, "kind": KINDS, "position": POSITIONS, "backend": None,
+}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real, finite number (JSON's int or float; not a bool, a string or NaN)."""
+    return ((_is_int(value) or isinstance(value, float)) and value == value
+            and abs(value) != float("inf"))
+
+
+def check_fields(values: Mapping[str, Any], where: str = "") -> None:
+    """Check the type and range of every model config field present in ``values``; a fault
+    is a `FolnetError` starting with ``where`` and naming the field, its value and the limit.
+
+    Run on every `ModelConfig` (``__post_init__``) and, before any conversion, on a config read
+    from a file (`ModelConfig.from_dict`): a wrong type must fail here, not as a TypeError
+    inside a layer at the first forward pass (``layer_norm_eps = "x"`` did)."""
+    for name, limit in SIZE_LIMITS.items():
+        if name in values:
+            value = values[name]
+            if not _is_int(value) or not 1 <= value <= limit:
+                raise FolnetError(f"{where}{name} must be an integer in [1, {limit}], got "
+                                  f"{value!r}")
+    for name, allowed in CHOICES.items():
+        if name in values:
+            value = values[name]
+            if not isinstance(value, str) or not value.strip():
+                raise FolnetError(f"{where}{name} must be a non-empty string, got {value!r}")
+            if allowed is not None and value not in allowed:
+                raise FolnetError(f"{where}{name} {value!r} is unknown; use {choices(allowed)}")
+    if "backend" in values:
+        try:
+            parse_backend(values["backend"])
+        except FolnetError as exc:
+            raise FolnetError(f"{where}{exc}") from None
+    for name in ("dropout", "attention_dropout"):
+        value = values.get(name)
+        if name in values and not (value is None and name == "attention_dropout"):
+            if not _is_number(value) or not 0.0 <= value < 1.0:
+                raise FolnetError(f"{where}{name} must be a number in [0, 1), got {value!r}")
+    if "layer_norm_eps" in values:
+        value = values["layer_norm_eps"]
+        if not _is_number(value) or not 0.0 < value <= 1.0:
+            raise FolnetError(f"{where}layer_norm_eps must be a number in (0, 1], got "
+                              f"{value!r}")
+    if "initializer_range" in values:
+        value = values["initializer_range"]
+        if not _is_number(value) or not 0.0 <= value <= 1.0:
+            raise FolnetError(f"{where}initializer_range must be a number in [0, 1], got "
+                              f"{value!r}")
+    if "operators" in values:
+        operators = values["operators"]
+        if not isinstance(operators, tuple) or not all(
+                isinstance(t, tuple) and all(isinstance(kv, tuple) and len(kv) == 2
+                                             and isinstance(kv[0], str) for kv in t)
+                for t in operators):
+            raise FolnetError(f"{where}operators must be a tuple of (field, value) tuples, got "
+                              f"{operators!r}")
+
+
+def operator_items(specs: object, where: str) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """The JSON form of ``operators`` (a list of spec tables) as the config holds it; the
+    tables' contents are checked when the operators are registered (`parse_spec`)."""
+    if not isinstance(specs, (list, tuple)):
+        raise FolnetError(f"{where} must be a list of operator spec tables, got {specs!r}")
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, Mapping) or not all(isinstance(k, str) for k in spec):
+            raise FolnetError(f"{where}[{i}] must be an operator spec table (an object), got "
+                              f"{spec!r}")
+    return tuple(tuple(sorted(spec.items())) for spec in specs)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything needed to rebuild a FOLNet model (a checkpoint stores it as config.json).
@@ -49,22 +135,7 @@ class ModelConfig:
     operators: tuple[tuple[tuple[str, Any], ...], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for name in ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "vocab_size",
-                     "type_vocab_size", "max_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise FolnetError(f"{name} must be a positive integer, got {value!r}")
-        if self.position not in POSITIONS:
-            raise FolnetError(f"position {self.position!r} is unknown; use {choices(POSITIONS)}")
-        if self.kind not in KINDS:
-            raise FolnetError(f"kind {self.kind!r} is unknown; use {choices(KINDS)}")
-        parse_backend(self.backend)
-        for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if value is not None and not (0.0 <= float(value) < 1.0):
-                raise FolnetError(f"{name} must be in [0, 1), got {value!r}")
-        if not isinstance(self.ops, str):
-            raise FolnetError(f"ops must be a string, got {type(self.ops).__name__}")
+        check_fields({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     @property
     def padded_vocab(self) -> int:
@@ -105,16 +176,23 @@ class ModelConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "") -> ModelConfig:
+        """A config from its JSON form (`to_dict`). Every field is checked for type and range
+        before anything else reads it; ``source`` (e.g. ``"DIR/config.json: model."``) starts
+        each error message, so a bad file names itself and the field."""
+        if not isinstance(data, Mapping):
+            raise FolnetError(f"{source.rstrip('.') or 'a model config'} must be an object of "
+                              f"model config fields, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise FolnetError(f"unknown model config key(s) {unknown}; known: {sorted(known)}")
+            raise FolnetError(f"{source}unknown model config key(s) {unknown}; known: "
+                              f"{sorted(known)}")
         data = dict(data)
         if "operators" in data:
-            data["operators"] = tuple(tuple(sorted(t.items())) for t in data["operators"])
+            data["operators"] = operator_items(data["operators"], f"{source}operators")
+        check_fields(data, source)
         return cls(**data)
-
 
 OVERRIDES = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "vocab_size",
              "type_vocab_size", "dropout", "attention_dropout", "backend", "max_positions",

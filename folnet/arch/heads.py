@@ -1,6 +1,8 @@
 """Task heads, looked up by name (DESIGN.md section 3 for the released ones).
 
-A head declares the kinds of model it fits, the modules it adds to the model -- registered
+Every classification-style loss is `folnet.arch.objectives.token_cross_entropy`: labels of -100
+are ignored, and a batch with no label left gives a loss of 0 (not NaN). A head declares the
+kinds of model it fits, the modules it adds to the model -- registered
 under the names given, which are the checkpoints' key prefixes (``mlm.*``, ``nsp.*``,
 ``classifier.*``, ``qa.*``, ``lm.*``) -- and how it turns the stack's outputs into logits and
 losses. `register_head` adds one; `get_head` lists the names that fit a kind on a miss.
@@ -17,6 +19,7 @@ from torch import nn
 
 from folnet.arch.config import ModelConfig
 from folnet.arch.inputs import check_labels
+from folnet.arch.objectives import token_cross_entropy
 from folnet.arch.outputs import FolnetOutput
 from folnet.errors import FolnetError, choices
 
@@ -53,8 +56,9 @@ class PoolerClassifier(nn.Module):
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the positions whose label is not -100."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+    """Cross-entropy over the positions whose label is not -100; 0 when there are none (a
+    batch in which no token was masked: see `token_cross_entropy`)."""
+    return token_cross_entropy(logits.flatten(0, -2), labels.flatten())
 
 
 def gather_masked(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +128,7 @@ class _Pretraining(_MaskedLM):
         losses = super().forward(model, out, targets)
         out.nsp_logits = model.nsp(out.pooled_output)
         if targets.nsp_labels is not None:
-            losses.append(F.cross_entropy(out.nsp_logits.float(), targets.nsp_labels))
+            losses.append(token_cross_entropy(out.nsp_logits, targets.nsp_labels))
         return losses
 
 
@@ -141,7 +145,7 @@ class _Classification(Head):
             return []
         if out.logits.shape[-1] == 1:  # regression
             return [F.mse_loss(out.logits.squeeze(-1).float(), labels.float())]
-        return [F.cross_entropy(out.logits.float(), labels)]
+        return [token_cross_entropy(out.logits, labels)]
 
 
 class _MultipleChoice(Head):
@@ -154,7 +158,7 @@ class _MultipleChoice(Head):
     def forward(self, model, out, targets):
         out.logits = model.classifier(out.pooled_output).squeeze(-1)  # (B, C)
         labels = targets.labels
-        return [] if labels is None else [F.cross_entropy(out.logits.float(), labels)]
+        return [] if labels is None else [token_cross_entropy(out.logits, labels)]
 
 
 class _QuestionAnswering(Head):
@@ -168,8 +172,8 @@ class _QuestionAnswering(Head):
         out.start_logits, out.end_logits = out.logits.unbind(-1)
         if targets.start_positions is None or targets.end_positions is None:
             return []
-        return [0.5 * (F.cross_entropy(out.start_logits.float(), targets.start_positions)
-                       + F.cross_entropy(out.end_logits.float(), targets.end_positions))]
+        return [0.5 * (token_cross_entropy(out.start_logits, targets.start_positions)
+                       + token_cross_entropy(out.end_logits, targets.end_positions))]
 
 
 class _TokenClassification(Head):
@@ -182,8 +186,7 @@ class _TokenClassification(Head):
         out.logits = model.classifier(model.dropout(out.sequence_output))  # (B, T, C)
         if targets.labels is None:
             return []
-        return [F.cross_entropy(out.logits.flatten(0, 1).float(), targets.labels.flatten(),
-                                ignore_index=-100)]
+        return [token_cross_entropy(out.logits.flatten(0, 1), targets.labels.flatten())]
 
 
 class _LanguageModel(Head):

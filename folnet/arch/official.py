@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from folnet.arch.config import ModelConfig
+from folnet.arch.config import SIZE_LIMITS, ModelConfig, check_fields
 from folnet.arch.layer import DualStreamLayer
 from folnet.arch.models.encoder import FolnetModel
+from folnet.arch.sizes import check_memory, meta_model
 from folnet.errors import FolnetError
 from folnet.files import read_json
 from folnet.ops.registry import get_operator
@@ -25,42 +26,118 @@ _READERS = {"join", "mu", "assoc", "trans", "prod"}  # reader.1 (unary) / reader
 
 
 def read_official_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
-    """Translate a released ``.cfg`` into our `ModelConfig` (plus the raw JSON)."""
+    """Translate a released ``.cfg`` into our `ModelConfig` (plus the raw JSON).
+
+    Every field read is checked for type and range first (a string ``num_layers``, a short
+    ``predicate_dims``, a list ``mixer_ops``): each fault is a `FolnetError` naming the file
+    and the released field, never a TypeError or IndexError from the conversion."""
     path = Path(path)
     raw = read_json(path, what="released config")
     if not isinstance(raw, dict):
         raise FolnetError(f"{path}: expected a JSON object of config fields, got "
                           f"{type(raw).__name__}")
-
-    def need(key: str):
-        if key not in raw:
-            raise FolnetError(f"{path}: missing field {key!r}")
-        return raw[key]
-
+    fields = _ReleasedFields(raw, str(path))
     for key, want in (("hidden_act", "gelu"), ("boolean_type", "mlp")):
         if raw.get(key, want) != want:
             raise FolnetError(f"{path}: {key} = {raw[key]!r} is not supported (only {want!r})")
-    if raw.get("diag_link", False):
+    if fields.flag("diag_link"):
         raise FolnetError(f"{path}: diag_link = true is not supported")
     # the released flags are independent: the absolute table is added to the unary atoms, the
     # relative embedding starts the binary stream (DESIGN.md section 3)
-    ape, rpe = bool(raw.get("absolute_position")), bool(raw.get("relative_position"))
-    mixer = need("mixer_ops")
-    names = [[get_operator(n).symbol for n in (mixer.get(k) or [])] for k in ("1", "2")]
-    ops = "".join(names[0]) + "." + "".join(names[1])
-    pdims, idims = need("predicate_dims"), need("intermediate_dims")
-    cfg = ModelConfig(
-        ops=ops, D1=int(pdims[1]), D2=int(pdims[2]), L=int(need("num_layers")),
-        H=int(need("num_heads")), S=int(need("head_size")), F1=int(idims[1]), F2=int(idims[2]),
-        delta=int(need("max_position_offset")),
+    ape, rpe = fields.flag("absolute_position"), fields.flag("relative_position")
+    pdims = fields.dims("predicate_dims", ("D1", "D2"))
+    idims = fields.dims("intermediate_dims", ("F1", "F2"))
+    values = dict(
+        ops=fields.mixer_ops(), D1=pdims[0], D2=pdims[1], L=fields.size("num_layers", "L"),
+        H=fields.size("num_heads", "H"), S=fields.size("head_size", "S"), F1=idims[0],
+        F2=idims[1], delta=fields.size("max_position_offset", "delta"),
         position={(True, True): "ape+rpe", (True, False): "ape", (False, True): "rpe",
                   (False, False): "none"}[ape, rpe],
-        vocab_size=int(need("vocab_size")), type_vocab_size=int(raw.get("type_vocab_size", 2)),
-        dropout=float(raw.get("hidden_dropout_prob", 0.1)),
-        layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-        initializer_range=float(raw.get("initializer_range", 0.02)),
+        vocab_size=fields.size("vocab_size", "vocab_size"),
+        type_vocab_size=fields.size("type_vocab_size", "type_vocab_size", 2),
+        dropout=fields.number("hidden_dropout_prob", 0.1),
+        layer_norm_eps=fields.number("layer_norm_eps", 1e-12),
+        initializer_range=fields.number("initializer_range", 0.02),
     )
-    return cfg, raw
+    # the released names map onto ours one to one, so a range fault names the released one
+    released = {"dropout": "hidden_dropout_prob", "layer_norm_eps": "layer_norm_eps",
+                "initializer_range": "initializer_range"}
+    for ours, theirs in released.items():
+        try:
+            check_fields({ours: values[ours]})
+        except FolnetError as exc:
+            raise FolnetError(f"{path}: field {theirs!r}: {exc}") from None
+    return ModelConfig(**values), raw
+
+
+_MISSING = object()
+
+
+class _ReleasedFields:
+    """Typed reads of a released ``.cfg``'s fields, each fault naming the file and field."""
+
+    def __init__(self, raw: dict[str, Any], where: str):
+        self.raw, self.where = raw, where
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self.raw:
+            return self.raw[key]
+        if default is _MISSING:
+            raise FolnetError(f"{self.where}: missing field {key!r}")
+        return default
+
+    def fail(self, key: str, want: str, value: Any) -> FolnetError:
+        return FolnetError(f"{self.where}: field {key!r} must be {want}, got {value!r}")
+
+    def size(self, key: str, ours: str, default: Any = _MISSING) -> int:
+        """A positive integer within our bound of the field it becomes (``SIZE_LIMITS``)."""
+        value, limit = self.get(key, default), SIZE_LIMITS[ours]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            raise self.fail(key, f"an integer in [1, {limit}] (our {ours})", value)
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise self.fail(key, "a number", value)
+        return float(value)
+
+    def flag(self, key: str) -> bool:
+        value = self.get(key, False)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false", value)
+        return value
+
+    def dims(self, key: str, ours: tuple[str, str]) -> tuple[int, int]:
+        """The released ``[_, unary, binary]`` lists (entries 1 and 2 are used)."""
+        value = self.get(key)
+        if not isinstance(value, list) or len(value) < 3:
+            raise self.fail(key, f"a list of 3 sizes [_, {ours[0]}, {ours[1]}]", value)
+        picked = []
+        for i, name in zip((1, 2), ours, strict=True):
+            item, limit = value[i], SIZE_LIMITS[name]
+            if not isinstance(item, int) or isinstance(item, bool) or not 1 <= item <= limit:
+                raise self.fail(f"{key}[{i}]", f"an integer in [1, {limit}] (our {name})", item)
+            picked.append(item)
+        return picked[0], picked[1]
+
+    def mixer_ops(self) -> str:
+        """``{"1": [unary operator names], "2": [binary ones]}`` as our operator string."""
+        mixer = self.get("mixer_ops")
+        if not isinstance(mixer, dict):
+            raise self.fail("mixer_ops", 'an object {"1": [names], "2": [names]}', mixer)
+        parts = []
+        for arity in ("1", "2"):
+            names = mixer.get(arity) or []
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise self.fail(f"mixer_ops.{arity}", "a list of operator names", names)
+            try:
+                parts.append("".join(get_operator(n).symbol for n in names))
+            except FolnetError as exc:
+                raise FolnetError(f"{self.where}: field 'mixer_ops.{arity}': {exc}") from None
+        return ".".join(parts)
 
 
 class _Source:
@@ -140,42 +217,10 @@ def _map_layer(src: _Source, layer: DualStreamLayer, ours: str, theirs: str, out
     out.update({f"{ours}{n}": p for n, p in params.items()})
 
 
-def load_official(prefix: str | Path, *, head: str | None = "auto",
-                  backend: str = "auto") -> FolnetModel:
-    """Load ``prefix.cfg`` + ``prefix.pt`` (released format) into our model.
-
-    ``head="auto"`` picks the head the checkpoint carries (pretraining, mlm, classification or
-    none); pass a head name to insist on one, or None for the bare encoder (head keys are then
-    left unused, which is allowed). ``backend`` forces the operators' backend
-    (`folnet.ops.compiler.BACKEND_NAMES`).
-    """
-    prefix = str(prefix)
-    cfg, _raw = read_official_config(prefix + ".cfg")
-    cfg = cfg.replace(backend=backend)
-    weights = Path(prefix + ".pt")
-    if not weights.is_file():
-        raise FolnetError(f"released weights {str(weights)!r} do not exist")
-    try:
-        sd = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise FolnetError(f"{weights}: cannot read the state dict safely ({exc})") from None
-    if isinstance(sd, dict) and "model" in sd and isinstance(sd["model"], dict):
-        sd = sd["model"]
-    if not isinstance(sd, dict):
-        raise FolnetError(f"{weights}: expected a state dict, got {type(sd).__name__}")
-    src = _Source(sd, str(weights))
-    rows = src.sd.get("folnet.encoder.word_embd.weight")
-    if rows is not None and rows.shape[0] != cfg.padded_vocab:
-        raise FolnetError(f"{weights}: word embedding has {rows.shape[0]} rows but vocab_size "
-                          f"{cfg.vocab_size} pads to {cfg.padded_vocab}")
-    has_mlm = src.has("cls.heads.predictions.bias")
-    has_nsp = src.has("cls.heads.seq_relationship.weight")
-    has_cls = src.has("classifier.weight")
-    if head == "auto":
-        head = ("pretraining" if has_mlm and has_nsp else "mlm" if has_mlm
-                else "classification" if has_cls else None)
-    num_labels = int(sd["classifier.weight"].shape[0]) if has_cls else 2
-    model = FolnetModel(cfg, head=head, num_labels=num_labels)
+def _released_state(model: FolnetModel, src: _Source, head: str | None,
+                    weights: Path) -> dict[str, torch.Tensor]:
+    """Our state dict for ``model`` from the released one: every key mapped, every shape
+    checked against the model's (which may be on the meta device: then only the checks run)."""
     ours: dict[str, torch.Tensor] = {}
     shape = {n: tuple(p.shape) for n, p in model.state_dict().items()}
     e = "encoder."
@@ -183,10 +228,10 @@ def load_official(prefix: str | Path, *, head: str | None = "auto",
                                              shape[f"{e}atoms.word.weight"])
     ours[f"{e}atoms.token_type.weight"] = src.take("folnet.encoder.type_embd.weight",
                                                    shape[f"{e}atoms.token_type.weight"])
-    if cfg.relative_atoms:
+    if model.cfg.relative_atoms:
         ours[f"{e}atoms.relative.weight"] = src.take("folnet.encoder.rel_pos_embd.weight",
                                                      shape[f"{e}atoms.relative.weight"])
-    if cfg.absolute_positions:
+    if model.cfg.absolute_positions:
         key = next((k for k in _APE_KEYS if src.has(k)), _APE_KEYS[0])
         ours[f"{e}atoms.absolute.weight"] = src.take(key, shape[f"{e}atoms.absolute.weight"])
     for i, layer in enumerate(model.encoder.layers):
@@ -212,14 +257,68 @@ def load_official(prefix: str | Path, *, head: str | None = "auto",
             ours[f"classifier.linear.{part}"] = src.take(f"classifier.{part}",
                                                          shape[f"classifier.linear.{part}"])
     head_keys = ("cls.", "classifier.")
-    left = sorted(k for k in sd if k not in src.used
+    left = sorted(k for k in src.sd if k not in src.used
                   and not (head is None and k.startswith(head_keys)))
     if left:
         raise FolnetError(f"{weights}: unknown or unused key(s) {left[:8]}"
-                          f"{' ...' if len(left) > 8 else ''} for a {cfg.ops} model with head "
-                          f"{head!r}")
+                          f"{' ...' if len(left) > 8 else ''} for a {model.cfg.ops} model with "
+                          f"head {head!r}")
     missing = sorted(set(shape) - set(ours))
     if missing:
         raise FolnetError(f"{weights}: no released key for parameter(s) {missing[:8]}")
+    return ours
+
+
+def load_official(prefix: str | Path, *, head: str | None = "auto",
+                  backend: str = "auto") -> FolnetModel:
+    """Load ``prefix.cfg`` + ``prefix.pt`` (released format) into our model.
+
+    ``head="auto"`` picks the head the checkpoint carries (pretraining, mlm, classification or
+    none); pass a head name to insist on one, or None for the bare encoder (head keys are then
+    left unused, which is allowed). ``backend`` forces the operators' backend
+    (`folnet.ops.compiler.BACKEND_NAMES`).
+    """
+    prefix = str(prefix)
+    cfg, _raw = read_official_config(prefix + ".cfg")
+    cfg = cfg.replace(backend=backend)
+    weights = Path(prefix + ".pt")
+    if not weights.is_file():
+        raise FolnetError(f"released weights {str(weights)!r} do not exist")
+    try:
+        sd = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise FolnetError(f"{weights}: cannot read the state dict safely ({exc})") from None
+    if isinstance(sd, dict) and "model" in sd and isinstance(sd["model"], dict):
+        sd = sd["model"]
+    if not isinstance(sd, dict):
+        raise FolnetError(f"{weights}: expected a state dict, got {type(sd).__name__}")
+    odd = [k for k, v in sd.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if odd:
+        raise FolnetError(f"{weights}: expected a state dict of named tensors; entries "
+                          f"{odd[:8]} are not")
+    src = _Source(sd, str(weights))
+    rows = src.sd.get("folnet.encoder.word_embd.weight")
+    if rows is not None and rows.shape[0] != cfg.padded_vocab:
+        raise FolnetError(f"{weights}: word embedding has {rows.shape[0]} rows but vocab_size "
+                          f"{cfg.vocab_size} pads to {cfg.padded_vocab}")
+    has_mlm = src.has("cls.heads.predictions.bias")
+    has_nsp = src.has("cls.heads.seq_relationship.weight")
+    has_cls = src.has("classifier.weight")
+    if head == "auto":
+        head = ("pretraining" if has_mlm and has_nsp else "mlm" if has_mlm
+                else "classification" if has_cls else None)
+    if has_cls and sd["classifier.weight"].ndim != 2:
+        raise FolnetError(f"{weights}: classifier.weight has shape "
+                          f"{tuple(sd['classifier.weight'].shape)}, expected (num_labels, D1)")
+    num_labels = int(sd["classifier.weight"].shape[0]) if has_cls else 2
+    try:  # shapes only: every released key and shape is checked before anything is allocated
+        shell = meta_model(lambda: FolnetModel(cfg, head=head, num_labels=num_labels))
+    except FolnetError as exc:
+        raise FolnetError(f"{prefix}.cfg: {exc}") from None
+    _released_state(shell, src, head, weights)
+    check_memory(shell, cfg, f"{prefix}.cfg")
+    src.used.clear()
+    model = FolnetModel(cfg, head=head, num_labels=num_labels)
+    ours = _released_state(model, src, head, weights)
     model.load_state_dict(ours, strict=True)
     return model.eval()

@@ -55,6 +55,9 @@ class FolnetModel(FolnetBase):
             if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 3:
                 raise FolnetError("multiple-choice input_ids must have shape (batch, choices, "
                                   f"tokens), got {tuple(getattr(input_ids, 'shape', ()))}")
+            if 0 in input_ids.shape:  # named before flattening hides which size is 0
+                raise FolnetError(f"input_ids is empty (shape {tuple(input_ids.shape)}); give "
+                                  f"at least one row of at least one choice of one token")
             shape = input_ids.shape[:2]
             input_ids, token_type_ids, attention_mask = (
                 None if t is None else t.flatten(0, 1)
