@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from folnet.errors import FolnetError, choices
+from folnet.train.data.checks import canonical_encoding
 
 __all__ = ["OBJECTIVES", "PretrainDataConfig"]
 
@@ -35,6 +36,8 @@ class PretrainDataConfig:
     streaming: bool = False
     kinship_documents: int = 2000
     text_column: str = "text"
+    #: how text, JSON and CSV files are decoded (`folnet.train.data.checks`)
+    encoding: str = "utf-8"
 
     def __post_init__(self) -> None:
         def integer(name: str, low: int) -> None:
@@ -64,6 +67,7 @@ class PretrainDataConfig:
                 f"PretrainDataConfig.text_column must be a non-empty string, "
                 f"got {self.text_column!r}"
             )
+        canonical_encoding(self.encoding, "PretrainDataConfig.encoding")
         if not isinstance(self.streaming, bool):
             raise FolnetError(
                 f"PretrainDataConfig.streaming must be a bool, got {self.streaming!r}"

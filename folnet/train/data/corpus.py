@@ -86,19 +86,25 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(blob).hexdigest()[:20]
 
 
-def _load(directory: Path | None, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
-    """Memory-mapped arrays of a complete cache entry, or None (absent or damaged)."""
+def _load(directory: Path | None,
+          names: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """Memory-mapped arrays and the metadata of a complete cache entry, or None when it is
+    absent or damaged (a meta.json that is not a JSON object, an array that does not load):
+    a damaged entry is rebuilt and replaced (`_save`), never a reason to stop a run."""
     if directory is None or not (directory / "meta.json").is_file():
         return None
     try:
-        return {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in names}
-    except (OSError, ValueError):
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            return None
+        return {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in names}, meta
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
 
 def _save(directory: Path | None, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-    """Write the entry atomically: readers never see half of one, and an entry another process
-    finished first is kept."""
+    """Write the entry atomically: readers never see half of one. An entry another process
+    finished first is kept, unless it is damaged (`_load` refused it): then it is replaced."""
     if directory is None:
         return
 
@@ -107,7 +113,8 @@ def _save(directory: Path | None, arrays: dict[str, np.ndarray], meta: dict[str,
             np.save(tmp / f"{name}.npy", array)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
 
-    atomic_write_dir(directory, write, replace=False)
+    damaged = directory.exists() and _load(directory, tuple(arrays)) is None
+    atomic_write_dir(directory, write, replace=damaged)
 
 
 def _documents_from_arrays(corpus: dict[str, np.ndarray]) -> list[Document]:
@@ -217,7 +224,7 @@ def _tokenised_corpus(
 ) -> dict[str, np.ndarray]:
     tokens, sentence_lengths, document_sizes = [], [], []
     documents = read_documents(parts, kinship_documents=config.kinship_documents, seed=config.seed,
-                               text_column=config.text_column)
+                               text_column=config.text_column, encoding=config.encoding)
     for document in _progress(tokenise_documents(documents, tokenizer), "tokenising"):
         tokens.extend(document)
         sentence_lengths.extend(len(s) for s in document)
@@ -249,7 +256,7 @@ def build_pretraining_dataset(
     )
     signature = source_signature(
         parts, kinship_documents=config.kinship_documents, seed=config.seed,
-        text_column=config.text_column,
+        text_column=config.text_column, encoding=config.encoding,
     )
     corpus_key = _key("corpus", _CACHE_FORMAT, signature, tokenizer.fingerprint)
     pair_fields = (config.seq_len, config.objective, config.short_seq_prob, config.seed)
@@ -266,12 +273,14 @@ def build_pretraining_dataset(
 
     cached = _load(examples_dir, names)
     if cached is not None:
-        meta = json.loads((examples_dir / "meta.json").read_text(encoding="utf-8"))
-        return dataset(cached, "examples", int(meta.get("num_documents", 0)))
+        count = cached[1].get("num_documents")  # informational: 0 when unreadable
+        return dataset(cached[0], "examples", count if isinstance(count, int) else 0)
 
-    corpus = _load(corpus_dir, ("tokens", "sentences", "documents"))
-    status = "corpus" if corpus is not None else ("miss" if root else "disabled")
-    if corpus is None:
+    loaded = _load(corpus_dir, ("tokens", "sentences", "documents"))
+    status = "corpus" if loaded is not None else ("miss" if root else "disabled")
+    if loaded is not None:
+        corpus = loaded[0]
+    else:
         corpus = _tokenised_corpus(parts, tokenizer, config)
         _save(corpus_dir, corpus, {"source": signature, "tokenizer": tokenizer.fingerprint})
     documents = _documents_from_arrays(corpus)
@@ -279,7 +288,8 @@ def build_pretraining_dataset(
     arrays = _build_examples(documents, config, corpus["tokens"].dtype)
     meta = {"config": asdict(config), "num_documents": len(documents), "corpus": corpus_key}
     _save(examples_dir, arrays, meta)
-    if examples_dir is not None:  # serve the memory-mapped copy: same data, less RAM
-        arrays = _load(examples_dir, names) or arrays
+    saved = _load(examples_dir, names)
+    if saved is not None:  # serve the memory-mapped copy: same data, less RAM
+        arrays = saved[0]
     return dataset(arrays, status, len(documents))
 

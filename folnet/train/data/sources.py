@@ -22,6 +22,11 @@ than memory or disk works, and the order is fixed, which exact resume relies on.
 
 The text of a record is the ``text_column`` field (``--text-column``, default ``text``); plain
 text files have one column, ``text``, whatever the option says.
+
+Text, JSON and CSV files are decoded with ``encoding`` (``--encoding``, default utf-8; parquet,
+arrow and saved datasets hold decoded strings). Every file is checked to be text as it is read
+(`folnet.train.data.checks`: its first MiB up front, then every record): bytes that do not
+decode, or more than 1% control characters, are an error naming the file and the share.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError, choices
+from folnet.train.data.checks import TextMeter, check_sample, is_utf8
 
 __all__ = [
     "COMPRESSIONS",
@@ -42,6 +48,7 @@ __all__ = [
     "SAVED",
     "CorpusSource",
     "Part",
+    "check_texts",
     "is_saved_dataset",
     "read_texts",
     "resolve_sources",
@@ -183,7 +190,26 @@ def _missing(path: Path, column: str, columns: Sequence[str]) -> FolnetError:
                        f"pick one with --text-column")
 
 
-def _values(kind: str, path: Path, column: str) -> Iterator[Any]:
+def check_texts(parts: Sequence[Part], encoding: str = "utf-8") -> None:
+    """Check that every file of `parts` can be decoded with `encoding` and looks like text
+    (its first MiB, `folnet.train.data.checks.check_sample`); cheap enough to run before a
+    run writes anything."""
+    for kind, path in parts:
+        if path is not None and kind not in (KINSHIP, SAVED):
+            _check_encoding_applies(kind, path, encoding)
+            check_sample(kind, path, encoding)
+
+
+def _check_encoding_applies(kind: str, path: Path, encoding: str) -> None:
+    """`datasets` reads a compressed text file as UTF-8 whatever encoding it is given (its JSON
+    and CSV readers do apply it): refuse rather than decode it wrongly."""
+    if kind == "text" and _suffixes(path)[1] is not None and not is_utf8(encoding):
+        raise FolnetError(f"corpus file {str(path)!r}: --encoding {encoding} cannot be applied "
+                          f"to a compressed text file (it is read as utf-8); decompress it, or "
+                          f"convert it to utf-8")
+
+
+def _values(kind: str, path: Path, column: str, encoding: str) -> Iterator[Any]:
     """The `column` field of every record of one part, lazily, in file order."""
     if kind == SAVED:
         dataset = _saved_split(path)
@@ -192,7 +218,9 @@ def _values(kind: str, path: Path, column: str) -> Iterator[Any]:
         for batch in dataset.select_columns([column]).iter(batch_size=1024):
             yield from batch[column]
         return
-    options = {"sample_by": "paragraph"} if kind == "text" else {}
+    options: dict[str, Any] = {"sample_by": "paragraph"} if kind == "text" else {}
+    if kind in ("text", "json", "csv"):
+        options["encoding"] = encoding
     stream = _datasets().load_dataset(kind, data_files=[str(path)], split="train",
                                       streaming=True, **options)
     for record in stream:
@@ -201,25 +229,36 @@ def _values(kind: str, path: Path, column: str) -> Iterator[Any]:
         yield record[column]
 
 
-def read_texts(kind: str, path: Path, text_column: str = "text") -> Iterator[str]:
+def read_texts(kind: str, path: Path, text_column: str = "text",
+               encoding: str = "utf-8") -> Iterator[str]:
     """The text of every record of one part (records without text, e.g. an empty CSV cell,
-    are skipped); a missing column or an unreadable file is a `FolnetError` naming it."""
-    values = _values(kind, path, "text" if kind == "text" else text_column)
+    are skipped), decoded with `encoding` where the format needs one. A missing column, an
+    unreadable file or one that is not text (see the module docstring) is a `FolnetError`
+    naming it."""
+    if kind != SAVED:
+        _check_encoding_applies(kind, path, encoding)
+        check_sample(kind, path, encoding)
+    values = _values(kind, path, "text" if kind == "text" else text_column, encoding)
+    meter = TextMeter(path, encoding)
     number = 0
     while True:
         try:
             value = next(values)
         except StopIteration:
+            meter.finish()
             return
         except FolnetError:
             raise
         except Exception as exc:  # pyarrow, json, pandas and fsspec errors alike: name the file
             message = " ".join(str(exc).split())
-            raise FolnetError(f"cannot read {str(path)!r} as {kind}: {message}") from None
+            hint = (f"; pass --encoding with the file's encoding (now {encoding})"
+                    if isinstance(exc, UnicodeDecodeError) else "")
+            raise FolnetError(f"cannot read {str(path)!r} as {kind}: {message}{hint}") from None
         number += 1
         if value is None:
             continue
         if not isinstance(value, str):
             raise FolnetError(f"{str(path)!r} record {number}: column {text_column!r} holds "
                               f"{type(value).__name__} {value!r}, expected text")
+        meter.add(value)
         yield value

@@ -76,7 +76,7 @@ def _stream(
     rng = random.Random(f"folnet-stream-{config.seed}-{epoch}-{shard[0]}-{shard[1]}")
     layout = ExampleLayout(tokenizer, config.seq_len)
     documents = read_documents(parts, kinship_documents=config.kinship_documents, seed=config.seed,
-                               text_column=config.text_column)
+                               text_column=config.text_column, encoding=config.encoding)
     mine = (d for i, d in enumerate(documents) if i % shard[1] == shard[0])
     tokenised = tokenise_documents(mine, tokenizer)
     ahead: deque[Document] = deque()

@@ -26,6 +26,8 @@ from tokenizers import (
 )
 
 from folnet.errors import FolnetError, choices
+from folnet.train.data.alphabet import bounded_alphabet
+from folnet.train.data.checks import first_undecodable_line
 
 __all__ = ["SPECIAL_TOKENS", "FolnetTokenizer", "load_tokenizer", "train_tokenizer"]
 
@@ -209,19 +211,24 @@ def train_tokenizer(
     min_frequency: int = 2,
     lowercase: bool = True,
     show_progress: bool = False,
+    encoding: str = "utf-8",
 ) -> FolnetTokenizer:
-    """Train a BERT-style WordPiece tokenizer on text files and/or texts; the same input always
-    gives the same vocabulary.
+    """Train a BERT-style WordPiece tokenizer on text files (decoded with `encoding`; a byte
+    that does not decode is an error naming the file and line) and/or texts; the same input
+    always gives the same vocabulary, of at most `vocab_size` entries.
 
     Special tokens come first, so [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 
     Why two passes over the input: the `tokenizers` WordPiece trainer numbers the continuing
     pieces (``##a``, ``##b``, ...) in hash-map order and breaks ties between equally frequent
     merges by those numbers, so two trainings on the same text differ (huggingface/tokenizers
-    issue 1794). A first pass collects the characters and numbers every continuing piece in
+    issue 1794). A first pass counts the characters and numbers every continuing piece in
     sorted order before training. ``texts`` may therefore be a zero-argument callable that
     yields the texts afresh on each call (for corpora too large to hold); a one-shot iterator
     is read into a list.
+
+    The alphabet is bounded too (`folnet.train.data.alphabet`): only the most frequent
+    characters that fit in `vocab_size` are kept, with a warning when some are left out.
     """
     if files is None and texts is None:
         raise FolnetError("train_tokenizer needs `files` or `texts`")
@@ -248,16 +255,22 @@ def train_tokenizer(
         make_texts = lambda: kept  # noqa: E731
 
     def stream() -> Iterable[str]:
-        return _chain_files(paths, make_texts())
+        return _chain_files(paths, make_texts(), encoding)
 
     tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=_UNK)), lowercase)
-    pieces = _continuing_pieces(tokenizer, stream())
+    alphabet = bounded_alphabet(tokenizer.normalizer.normalize_str, stream(),
+                                vocab_size, len(SPECIAL_TOKENS))
+    pieces = [_PREFIX + c for c in alphabet]
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         show_progress=show_progress,
         special_tokens=[*SPECIAL_TOKENS, *pieces],  # numbered first, in this order
         continuing_subword_prefix=_PREFIX,
+        # exactly these characters: an initial character outranks any seen one, and the
+        # limit drops every other
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
     )
     tokenizer.train_from_iterator(stream(), trainer)
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS) + len(pieces):
@@ -268,24 +281,22 @@ def train_tokenizer(
                              continuing_subword_prefix=_PREFIX)
     trained = _bert_pipeline(Tokenizer(model), lowercase)
     trained.add_special_tokens(list(SPECIAL_TOKENS))
+    if trained.get_vocab_size() > vocab_size:  # the bound above makes this impossible
+        raise FolnetError(f"the trained vocabulary has {trained.get_vocab_size()} entries, "
+                          f"more than vocab_size {vocab_size}; please report this")
     return FolnetTokenizer(trained, source="<trained>")
 
 
-def _continuing_pieces(tokenizer: Tokenizer, texts: Iterable[str]) -> list[str]:
-    """``##c`` for every character ``c`` of the normalised texts, sorted."""
-    raw: set[str] = set()
-    for text in texts:
-        raw.update(text)
-    if not raw:
-        return []
-    normalised = set(tokenizer.normalizer.normalize_str("".join(sorted(raw))))
-    return [_PREFIX + c for c in sorted(normalised) if not c.isspace()]
-
-
-def _chain_files(paths: Sequence[Path], texts: Iterable[str]) -> Iterator[str]:
+def _chain_files(paths: Sequence[Path], texts: Iterable[str], encoding: str) -> Iterator[str]:
     for path in paths:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            yield from handle
+        try:
+            with path.open(encoding=encoding) as handle:
+                yield from handle
+        except UnicodeDecodeError:
+            bad = first_undecodable_line(path, encoding)
+            where = f" on line {bad[0]} ({bad[1]})" if bad is not None else ""
+            raise FolnetError(f"tokenizer training file {str(path)!r} is not valid {encoding}"
+                              f"{where}; pass the file's encoding") from None
     yield from texts
 
 

@@ -112,6 +112,9 @@ class FinetuneConfig(Options):
     n_best: int = option(20, "SQuAD: start/end candidates per window")
     null_threshold: float = option(0.0, "SQuAD: answer 'no answer' when null beats the best "
                                         "span by more than this")
+    skip_bad_answers: bool = option(False, "SQuAD: leave out (and count) questions whose "
+                                           "answer text is not at its answer_start, instead "
+                                           "of stopping")
     eval_batch_size: int = option(64, "batch size for evaluation")
     group_by_length: bool = option(False, "batch training rows of similar length (less "
                                           "padding, faster on CPU)")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError, choices
+from folnet.train.data.checks import canonical_encoding
 from folnet.train.data.config import OBJECTIVES
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
@@ -63,6 +64,8 @@ class PretrainConfig(Options):
                        "'kinship' (.txt .json .jsonl .csv .parquet .arrow; .gz .bz2 .xz .zst)")
     text_column: str = option("text", "the column that holds the text (json, csv, parquet, "
                               "arrow, saved datasets)")
+    encoding: str = option("utf-8", "how text, JSON and CSV corpus files are decoded (e.g. "
+                           "latin-1); a byte that does not decode is an error")
     kinship_documents: int = option(2000, "documents of the generated kinship corpus")
     streaming: bool = option(False, "stream the corpus instead of tokenising it up front")
     cache_dir: str | None = option(None, "tokenised-data cache (default OUT/cache)")
@@ -121,6 +124,7 @@ class PretrainConfig(Options):
                            ("warmup_ratio", 0.0, 1.0, False), ("min_lr_ratio", 0.0, 1.0, False),
                            ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))
         self.check_non_negative(("lr", "power", "weight_decay", "eps", "clip_norm"))
+        canonical_encoding(self.encoding, "--encoding")
         if self.power == 0.0:
             raise FolnetError("--power must be > 0")
         if self.batch_size % self.grad_accum:

@@ -24,6 +24,7 @@ from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.corpus import build_pretraining_dataset
 from folnet.train.data.documents import iter_documents, resolve_sources
 from folnet.train.data.masking import PretrainingCollator
+from folnet.train.data.sources import check_texts
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_tokenizer
 from folnet.train.engine.distributed import DistContext, GlobalBatchSampler, barrier
 from folnet.train.pretrain.config import PretrainConfig
@@ -37,11 +38,13 @@ def check_inputs(config: PretrainConfig, tokenizer_from: Path | None) -> None:
     """Raise `FolnetError` for a bad ``--data`` source, ``--tokenizer`` or model option
     (``--ops``, ``--preset``, ``--model``) without writing anything.
 
-    The corpus paths are checked (they exist, are of a known type, are not empty), not read:
-    a corpus that holds no usable text is still found only when the tokenizer trains on it.
+    The corpus paths are checked (they exist, are of a known type, are not empty) and the
+    first MiB of each text file is decoded with ``--encoding`` and checked to be text; a
+    corpus that holds no usable text is still found only when the tokenizer trains on it.
     The model is built on the meta device, which checks every option without memory or time.
     """
-    _data_errors(lambda: resolve_sources(config.data))
+    parts = _data_errors(lambda: resolve_sources(config.data))
+    _data_errors(lambda: check_texts(parts, config.encoding))
     vocab_size = config.vocab_size  # a trained tokenizer's size is not known yet
     if tokenizer_from is not None:  # resumed, or the weights the run starts from
         vocab_size = load_tokenizer(tokenizer_from).vocab_size
@@ -75,7 +78,7 @@ def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,
         def texts() -> Iterator[str]:  # read twice: training makes a first pass for the alphabet
             documents = iter_documents(config.data, kinship_documents=config.kinship_documents,
                                        text_column=config.text_column,
-                                       seed=config.seed)
+                                       seed=config.seed, encoding=config.encoding)
             return (sentence for document in documents for sentence in document)
 
         tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
@@ -103,7 +106,7 @@ def run_dataset(config: PretrainConfig, tokenizer: FolnetTokenizer, out: Path,
         mlm_probability=config.mlm_probability, max_predictions=config.max_predictions,
         seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
         streaming=config.streaming, kinship_documents=config.kinship_documents,
-        text_column=config.text_column)
+        text_column=config.text_column, encoding=config.encoding)
     dataset = None
     if ctx.is_main:  # rank 0 fills the cache; the others then read it
         dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from folnet.errors import FolnetError
+from folnet.train.data.checks import first_undecodable_line
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.hfdatasets import Published, RowTable
@@ -129,12 +130,20 @@ def _layout(task: TaskSpec, reader: str) -> _Layout:
 
 def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, fields) for every non-blank line. ``utf-8-sig`` drops the byte
-    order mark that MRPC's files start with; with QUOTE_NONE one record is one line."""
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        for fields in reader:
-            if fields:
-                yield reader.line_num, fields
+    order mark that MRPC's files start with; with QUOTE_NONE one record is one line. Bytes
+    that are not UTF-8 are an error naming the line that holds them."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+            for fields in reader:
+                if fields:
+                    yield reader.line_num, fields
+    except UnicodeDecodeError:
+        # the decoder runs blocks ahead of the reader: find the line that holds the bytes
+        bad = first_undecodable_line(path, "utf-8-sig")
+        where = f"{path}:{bad[0]}: not valid UTF-8 ({bad[1]})" if bad else \
+            f"{path}: not valid UTF-8"
+        raise FolnetError(f"{where}; GLUE files are UTF-8 text") from None
 
 
 def _check_width(path: Path, line: int, fields: list[str], width: int, what: str) -> None:

@@ -1,5 +1,6 @@
-"""SQuAD 2.0: reading the published JSON (or the ``rajpurkar/squad_v2`` rows, `squad_rows`),
-sliding-window features, and answer decoding.
+"""SQuAD 2.0: the task, sliding-window features, and answer decoding; the questions are read
+(the published JSON, or the ``rajpurkar/squad_v2`` rows) and checked by
+`folnet.train.tasks.squad_data`, whose names are re-exported here.
 
 A context longer than one input is cut into overlapping windows. Each feature is
 ``[CLS] question [SEP] window [SEP]`` (question first, as segment A, truncated to
@@ -18,7 +19,7 @@ safest judged by the window that is least sure there is none.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,13 +33,22 @@ from tokenizers import Tokenizer
 from folnet.errors import FolnetError
 from folnet.train.tasks.base import EncodedSplit, FinetuneDefaults, SplitData, TaskSpec
 from folnet.train.tasks.encode import plain_tokenizer, special_ids
-from folnet.train.tasks.hfdatasets import Published, RowTable
+from folnet.train.tasks.hfdatasets import Published
 from folnet.train.tasks.metrics import squad_evaluate
 from folnet.train.tasks.registry import TaskFamily, read_files
+from folnet.train.tasks.squad_data import (
+    AnswerMismatch,
+    SquadAnswer,
+    SquadExample,
+    parse_squad,
+    read_squad,
+    squad_example,
+    squad_rows,
+)
 
-__all__ = ["FAMILY", "PUBLISHED", "SQUAD2", "SquadAnswer", "SquadExample", "SquadFeature",
-           "encode_squad", "features_to_tensors", "parse_squad", "postprocess_predictions",
-           "read_squad", "squad_example", "squad_rows"]
+__all__ = ["FAMILY", "PUBLISHED", "SQUAD2", "AnswerMismatch", "SquadAnswer", "SquadExample",
+           "SquadFeature", "encode_squad", "features_to_tensors", "parse_squad",
+           "postprocess_predictions", "read_squad", "squad_example", "squad_rows"]
 
 SQUAD2 = TaskSpec(
     name="squad2",
@@ -55,24 +65,6 @@ SQUAD2 = TaskSpec(
 
 
 @dataclass(frozen=True)
-class SquadAnswer:
-    text: str
-    start: int  # character offset into the context
-
-
-@dataclass(frozen=True)
-class SquadExample:
-    """One question; ``answers`` is empty when ``is_impossible``."""
-
-    qid: str
-    title: str
-    question: str
-    context: str
-    answers: tuple[SquadAnswer, ...]
-    is_impossible: bool
-
-
-@dataclass(frozen=True)
 class SquadFeature:
     """One window of one question. ``offset_mapping[i]`` is the (start, end) character span in
     the context of token i, or None for question, special and pad tokens; answer decoding
@@ -86,96 +78,6 @@ class SquadFeature:
     offset_mapping: tuple[tuple[int, int] | None, ...]
     start_position: int
     end_position: int
-
-
-def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise FolnetError(f"{where}: missing field {key!r}")
-    value = obj[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise FolnetError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
-def squad_example(qid: str, title: str, question: str, context: str,
-                  answers: Sequence[tuple[str, int]], impossible: bool,
-                  where: str) -> SquadExample:
-    """One question, its answers checked to lie inside the context: the one check both formats
-    (the nested JSON and the published rows) go through."""
-    found = []
-    if not impossible:
-        for text, start in answers:
-            if start < 0 or start + len(text) > len(context):
-                raise FolnetError(
-                    f"{where}: answer_start {start} with text {text!r} lies outside "
-                    f"the context ({len(context)} characters)"
-                )
-            found.append(SquadAnswer(text, start))
-        if not found:
-            raise FolnetError(f"{where}: answerable question with no answers")
-    return SquadExample(qid, title, question, context, tuple(found), impossible)
-
-
-def parse_squad(data: Mapping[str, Any], source: str = "<squad json>") -> list[SquadExample]:
-    """Examples of a parsed SQuAD v1.1/v2.0 JSON object (``is_impossible`` absent = False)."""
-    articles = _need(data, "data", list, source)
-    out = []
-    for a_idx, article in enumerate(articles):
-        title = str(article.get("title", "")) if isinstance(article, dict) else ""
-        for p_idx, paragraph in enumerate(
-            _need(article, "paragraphs", list, f"{source} data[{a_idx}]")
-        ):
-            where_p = f"{source} data[{a_idx}].paragraphs[{p_idx}]"
-            context = _need(paragraph, "context", str, where_p)
-            for qa in _need(paragraph, "qas", list, where_p):
-                qid = str(_need(qa, "id", (str, int), f"{where_p}.qas"))
-                where = f"{source} question {qid!r}"
-                question = _need(qa, "question", str, where)
-                impossible = bool(qa.get("is_impossible", False))
-                answers = []
-                if not impossible:
-                    answers = [(_need(ans, "text", str, where),
-                                _need(ans, "answer_start", int, where))
-                               for ans in _need(qa, "answers", list, where)]
-                out.append(squad_example(qid, title, question, context, answers, impossible,
-                                         where))
-    return out
-
-
-def squad_rows(task: TaskSpec, table: RowTable) -> list[SquadExample]:
-    """Examples of SQuAD 2.0 as ``rajpurkar/squad_v2`` publishes it, one row per question:
-    ``answers`` is ``{"text": [...], "answer_start": [...]}``, empty lists for a question
-    with no answer."""
-    out = []
-    for i, row in enumerate(table.rows):
-        qid = row["id"]
-        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
-            raise FolnetError(f"{table.where(i)}: column 'id' holds {qid!r}, expected a string")
-        where = f"{table.where(i)} (question {str(qid)!r})"
-        answers = row["answers"]
-        texts = answers.get("text") if isinstance(answers, dict) else None
-        starts = answers.get("answer_start") if isinstance(answers, dict) else None
-        if (not isinstance(texts, list) or not isinstance(starts, list)
-                or len(texts) != len(starts)
-                or not all(isinstance(t, str) for t in texts)
-                or not all(isinstance(s, int) and not isinstance(s, bool) for s in starts)):
-            raise FolnetError(f"{where}: 'answers' must be {{'text': [str, ...], "
-                              f"'answer_start': [int, ...]}} of equal length, got {answers!r}")
-        title = row.get("title")
-        out.append(squad_example(str(qid), title if isinstance(title, str) else "",
-                                 table.text(i, "question"), table.text(i, "context"),
-                                 list(zip(texts, starts, strict=True)), not texts, where))
-    return out
-
-
-def read_squad(path: str | Path) -> list[SquadExample]:
-    """Examples of a SQuAD JSON file (``train-v2.0.json`` / ``dev-v2.0.json``)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise FolnetError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    return parse_squad(data, str(path))
 
 
 def _answer_tokens(
@@ -373,8 +275,17 @@ def _score(spec: TaskSpec, split: EncodedSplit, outputs: Mapping[str, torch.Tens
 PUBLISHED = Published("rajpurkar/squad_v2", ("id", "context", "question", "answers"), None,
                       squad_rows, dirs=("squad_v2",))
 
-FAMILY = TaskFamily("squad2", (SQUAD2,), read=read_files(lambda spec, paths, split:
-                                                         read_squad(paths[0]),
-                                                         published={SQUAD2.name: PUBLISHED}),
-                    encode=_encode, score=_score,
+
+def _read(spec: TaskSpec, data_dir: str | Path | None, splits: Sequence[str],
+          options: Mapping[str, Any]) -> dict[str, SplitData]:
+    """Either format, with the ``skip_bad_answers`` option applied to both."""
+    skip = bool(options.get("skip_bad_answers", False))
+    published = dataclasses.replace(
+        PUBLISHED, convert=lambda task, table: squad_rows(task, table, skip_bad_answers=skip))
+    reader = read_files(lambda task, paths, split: read_squad(paths[0], skip_bad_answers=skip),
+                        published={SQUAD2.name: published})
+    return reader(spec, data_dir, splits, options)
+
+
+FAMILY = TaskFamily("squad2", (SQUAD2,), read=_read, encode=_encode, score=_score,
                     official=lambda rows: {row["id"]: row["prediction"] for row in rows})
