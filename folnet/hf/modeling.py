@@ -117,7 +117,9 @@ class FolnetForPreTrainingOutput(ModelOutput):
     seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
 
 
-def _returned(output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+def as_returned(output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+    """The output as transformers callers asked for it: the ModelOutput, or with
+    ``return_dict=False`` its tuple of non-None fields."""
     return output if return_dict is not False else output.to_tuple()
 
 
@@ -129,7 +131,7 @@ class FolnetModel(FolnetPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
                 return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids)
-        return _returned(FolnetModelOutput(out.sequence_output, out.pooled_output,
+        return as_returned(FolnetModelOutput(out.sequence_output, out.pooled_output,
                                            out.relation_output), return_dict)
 
 
@@ -142,7 +144,7 @@ class FolnetForPreTraining(FolnetPreTrainedModel):
                 next_sentence_label=None, return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
                                     mlm_labels=labels, nsp_labels=next_sentence_label)
-        return _returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits),
+        return as_returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits),
                          return_dict)
 
 
@@ -156,7 +158,7 @@ class FolnetForMaskedLM(FolnetPreTrainedModel):
                 return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
                                     mlm_labels=labels)
-        return _returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits), return_dict)
+        return as_returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits), return_dict)
 
 
 class FolnetForSequenceClassification(FolnetPreTrainedModel):
@@ -167,7 +169,7 @@ class FolnetForSequenceClassification(FolnetPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
-        return _returned(SequenceClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
+        return as_returned(SequenceClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
 
 
 class FolnetForMultipleChoice(FolnetPreTrainedModel):
@@ -178,7 +180,7 @@ class FolnetForMultipleChoice(FolnetPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
-        return _returned(MultipleChoiceModelOutput(loss=out.loss, logits=out.logits),
+        return as_returned(MultipleChoiceModelOutput(loss=out.loss, logits=out.logits),
                          return_dict)
 
 
@@ -192,7 +194,7 @@ class FolnetForQuestionAnswering(FolnetPreTrainedModel):
                 **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
                                     start_positions=start_positions, end_positions=end_positions)
-        return _returned(QuestionAnsweringModelOutput(
+        return as_returned(QuestionAnsweringModelOutput(
             loss=out.loss, start_logits=out.start_logits, end_logits=out.end_logits), return_dict)
 
 
@@ -204,4 +206,4 @@ class FolnetForTokenClassification(FolnetPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
-        return _returned(TokenClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
+        return as_returned(TokenClassifierOutput(loss=out.loss, logits=out.logits), return_dict)

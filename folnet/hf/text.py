@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers.modeling_outputs import CausalLMOutput, Seq2SeqLMOutput
 
-from folnet.hf.modeling import FolnetPreTrainedModel, _returned
+from folnet.hf.modeling import FolnetPreTrainedModel, as_returned
 
 
 class FolnetForCausalLM(FolnetPreTrainedModel):
@@ -23,7 +23,7 @@ class FolnetForCausalLM(FolnetPreTrainedModel):
                 return_dict: bool | None = None, **kwargs: Any):
         out = self.native(input_ids, prefix_lengths=prefix_lengths, labels=labels,
                           attention_mask=attention_mask)
-        return _returned(CausalLMOutput(loss=out.loss, logits=out.logits), return_dict)
+        return as_returned(CausalLMOutput(loss=out.loss, logits=out.logits), return_dict)
 
     def generate(self, input_ids, max_new_tokens: int = 20, **kwargs: Any):
         """`folnet.arch.models.decoder.FolnetDecoderLM.generate`."""
@@ -43,7 +43,7 @@ class FolnetForConditionalGeneration(FolnetPreTrainedModel):
         out = self.native(input_ids, decoder_input_ids=decoder_input_ids, labels=labels,
                           attention_mask=attention_mask,
                           decoder_attention_mask=decoder_attention_mask)
-        return _returned(Seq2SeqLMOutput(loss=out.loss, logits=out.logits,
+        return as_returned(Seq2SeqLMOutput(loss=out.loss, logits=out.logits,
                                          encoder_last_hidden_state=out.encoder_sequence_output),
                          return_dict)
 
