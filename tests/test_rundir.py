@@ -26,7 +26,7 @@ from folnet.errors import FolnetError
 from folnet.io import atomic_write_text
 from folnet.train.data.tokenizer import load_tokenizer
 from folnet.train.engine import checkpoints as ckpt
-from folnet.train.engine.lock import LOCK_NAME
+from folnet.train.engine.lock import LOCK_NAME, RunLock
 from folnet.train.engine.runlog import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -152,6 +152,28 @@ def test_a_second_run_into_a_live_runs_out_is_refused_at_once(tmp_path):
     folnet.from_pretrained(out)  # final/, checked against its checksums
 
 
+FINETUNE = ["--task", "kinship", "--kinship-train-size", "16", "--kinship-test-per-k", "2",
+            "--max-steps", "2", "--batch-size", "8", "--eval-batch-size", "64", "--no-progress",
+            "--no-tensorboard"]
+
+
+def test_finetune_and_evaluate_refuse_an_out_in_use(tmp_path, finished, capsys):
+    busy = tmp_path / "busy"
+    with RunLock(busy, what="pretraining run"):
+        code, _, err = run(["finetune", "--from", str(finished), "--out", str(busy),
+                            *FINETUNE], capsys)
+        assert code == 2
+        assert f"{str(busy)!r} is in use by another pretraining run: pid {os.getpid()}" in \
+            one_line_error(err, "finetune")
+        assert main(["finetune", "--from", str(finished), "--out", str(tmp_path / "ft"),
+                     *FINETUNE]) == 0
+        code, _, err = run(["evaluate", "--model", str(tmp_path / "ft"), "--out", str(busy)],
+                           capsys)
+        assert code == 2
+        assert "is in use by another pretraining run" in one_line_error(err, "evaluate")
+    assert sorted(p.name for p in busy.iterdir()) == [LOCK_NAME]  # nothing written
+
+
 # -- problem 7: permissions, leftovers, fallback, checksums -------------------------------------
 
 
@@ -164,10 +186,7 @@ def test_written_files_follow_the_umask(tmp_path, capsys):
     try:
         pre, fine, scored = tmp_path / "pre", tmp_path / "ft", tmp_path / "scored"
         assert main(args(pre, 2, save_every=1)) == 0
-        assert main(["finetune", "--task", "kinship", "--from", str(pre), "--out", str(fine),
-                     "--kinship-train-size", "16", "--kinship-test-per-k", "2",
-                     "--max-steps", "2", "--batch-size", "8", "--eval-batch-size", "64",
-                     "--no-progress", "--no-tensorboard"]) == 0
+        assert main(["finetune", "--from", str(pre), "--out", str(fine), *FINETUNE]) == 0
         assert main(["evaluate", "--model", str(fine), "--out", str(scored)]) == 0
         os.umask(0o002)
         atomic_write_text(tmp_path / "group" / "note.txt", "x")
@@ -418,7 +437,7 @@ def test_a_read_only_out_is_one_line_and_its_checkpoints_survive(tmp_path, finis
     ckpt.check_intact(out / "checkpoints" / "step_6")
 
 
-def test_the_lock_file_and_manifest_do_not_disturb_loading(finished):
+def test_final_and_checkpoints_carry_a_checksum_manifest(finished):
     manifest = json.loads((finished / "final" / "checksums.json").read_text())
     assert manifest["algorithm"] == "sha256"
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(manifest["files"])

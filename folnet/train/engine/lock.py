@@ -88,7 +88,7 @@ class RunLock:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
-            raise write_error(path, exc, what=f"cannot take the lock of {self.what} directory"
+            raise write_error(path, exc, what=f"cannot create the {self.what}'s lock file"
                               ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
