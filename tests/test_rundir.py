@@ -444,3 +444,29 @@ def test_final_and_checkpoints_carry_a_checksum_manifest(finished):
     step = json.loads((finished / "checkpoints" / "step_6" / "checksums.json").read_text())
     assert "trainer.pt" in step["files"]
     folnet.from_pretrained(finished)
+
+
+class _Planted:
+    """A pickle that would create a file when loaded with code execution allowed."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_trainer_state_is_skipped_and_never_unpickled(tmp_path, finished, capsys):
+    out = copy_run(finished, tmp_path / "run")
+    marker = tmp_path / "executed"
+    torch.save({"format": "folnet-trainer", "x": _Planted(marker)},
+               out / "checkpoints" / "step_6" / "trainer.pt")
+    code, output, err = run(args(out, 6, "--resume"), capsys)
+    assert code == 0, err
+    assert "skipped checkpoint step_6" in output and "trainer.pt" in output
+    (out / "checkpoints" / "step_6" / "checksums.json").unlink()  # as if written before them
+    torch.save({"format": "folnet-trainer", "x": _Planted(marker)},
+               out / "checkpoints" / "step_6" / "trainer.pt")
+    code, _, err = run(args(out, 6, "--resume"), capsys)
+    assert code == 2 and "step_6/trainer.pt" in one_line_error(err)
+    assert not marker.exists()

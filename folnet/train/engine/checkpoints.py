@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -92,22 +93,23 @@ def resolve_resume(out: str | os.PathLike[str], resume: str | None
         return None, ()
     if resume in ("latest", "auto"):
         found = list_checkpoints(out)
-        skipped: list[str] = []
+        damaged: list[tuple[str, str]] = []
         for _step, path in reversed(found):
             try:
                 check_intact(path)
             except FolnetError as exc:
-                skipped.append(f"--resume: skipped checkpoint {path.name}, which is damaged "
-                               f"({exc}); it is left on disk")
+                damaged.append((path.name, str(exc)))
                 continue
-            if skipped:
-                skipped.append(f"--resume: resuming from {path.name}, the newest intact "
-                               f"checkpoint")
-            return path, tuple(skipped)
+            notes = [f"--resume: skipped checkpoint {name}, which is damaged ({why}); it is "
+                     f"left on disk" for name, why in damaged]
+            if notes:
+                notes.append(f"--resume: resuming from {path.name}, the newest intact "
+                             f"checkpoint")
+            return path, tuple(notes)
         if found:
             raise FolnetError(f"--resume: no intact checkpoint under "
                               f"{str(checkpoint_dir(out))!r}: " + "; ".join(
-                                  line.removeprefix("--resume: skipped ") for line in skipped))
+                                  f"{name}: {why}" for name, why in damaged))
         if resume == "auto":
             return None, ()
         raise FolnetError(f"--resume: no checkpoint to resume under "
@@ -252,13 +254,19 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, bad pickle, unreadable file
         raise FolnetError(f"{path}: corrupt or truncated training state "
-                          f"({type(exc).__name__}: {str(exc)[:200]})") from None
+                          f"({type(exc).__name__}: {_one_line(str(exc))[:200]})") from None
     if not isinstance(state, dict) or state.get("format") != TRAINER_FORMAT:
         raise FolnetError(f"{path}: not a folnet training state")
     if state.get("version") != TRAINER_VERSION:
         raise FolnetError(f"{path}: training-state version {state.get('version')!r} is not "
                           f"supported (expected {TRAINER_VERSION})")
     return state
+
+
+def _one_line(text: str) -> str:
+    """`text` without terminal colour codes and line breaks (torch's messages have both): an
+    error is printed as one line."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
 
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:
