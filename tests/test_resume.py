@@ -116,7 +116,8 @@ def test_truncated_trainer_state_is_an_error_naming_the_file(tmp_path, finished_
     out = copy_run(finished_run, tmp_path / "run")
     state = out / "checkpoints" / "step_6" / "trainer.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
-    err = resume_error(out, kin_tokenizer, capsys)
+    # named explicitly: a plain --resume would fall back to step_3 (tests/test_rundir.py)
+    err = resume_error(out, kin_tokenizer, capsys, str(state.parent))
     assert err.startswith("folnet pretrain: error:")
     assert str(state) in err and "corrupt or truncated" in err
 
@@ -126,7 +127,7 @@ def test_truncated_weights_are_an_error_naming_the_file(tmp_path, finished_run, 
     out = copy_run(finished_run, tmp_path / "run")
     model = out / "checkpoints" / "step_6" / "model.safetensors"
     model.write_bytes(model.read_bytes()[:1000])
-    err = resume_error(out, kin_tokenizer, capsys)
+    err = resume_error(out, kin_tokenizer, capsys, str(model.parent))
     assert str(model) in err and "corrupt or truncated" in err
 
 
@@ -135,7 +136,7 @@ def test_corrupt_config_is_an_error_naming_the_file(tmp_path, finished_run, kin_
     out = copy_run(finished_run, tmp_path / "run")
     config = out / "checkpoints" / "step_6" / "config.json"
     config.write_text('{"format": "folnet", "model": ')
-    err = resume_error(out, kin_tokenizer, capsys)
+    err = resume_error(out, kin_tokenizer, capsys, str(config.parent))
     assert str(config) in err and "corrupt" in err
 
 
@@ -172,9 +173,9 @@ def test_a_crash_during_save_leaves_the_last_good_checkpoint(tmp_path, finished_
     model = folnet.from_pretrained(good[-1][1])
     state = ckpt.load_trainer_state(good[-1][1])
 
-    def half_then_crash(obj, path, *args, **kwargs):
-        Path(path).write_bytes(b"PK\x03\x04 half a zip")  # the first bytes of a save...
-        raise OSError("No space left on device")          # ...then the disk fills up
+    def half_then_crash(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip")        # the first bytes of a save...
+        raise OSError("No space left on device")  # ...then the disk fills up
 
     monkeypatch.setattr(ckpt.torch, "save", half_then_crash)
     with pytest.raises(OSError, match="No space"):

@@ -64,8 +64,9 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
 
 def snapshot(directory: Path) -> dict[str, int]:
     """Every file under `directory` with its modification time (ns): what a refusal must
-    leave alone."""
-    return {str(p): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.is_file()}
+    leave alone (but the run lock's own file, which records who last held it)."""
+    return {str(p): p.stat().st_mtime_ns for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def error_of(capsys, args: list[str]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from folnet.arch.config import ModelConfig
 from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
+from folnet.checksums import verify_files
 from folnet.errors import FolnetError
 from folnet.files import read_json
 from folnet.io import atomic_write, atomic_write_json
@@ -165,13 +166,16 @@ def ensure_operators(cfg: ModelConfig) -> None:
 
 def read_weights(directory: str | Path, *, map_location: str = "cpu") -> dict[str, Any]:
     """The tensors of ``directory/model.safetensors``; a missing, corrupt or truncated file is a
-    `FolnetError` naming it."""
+    `FolnetError` naming it. Where the directory has a ``checksums.json`` (`folnet.checksums`),
+    the weights and config.json are checked against it first: a flipped byte inside tensor
+    data would otherwise load silently."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     weights = Path(directory) / "model.safetensors"
     if not weights.is_file():
         raise FolnetError(f"checkpoint {str(directory)!r} has no model.safetensors")
+    verify_files(directory, ("config.json", "model.safetensors"))
     try:
         return load_file(str(weights), device=map_location)
     except (SafetensorError, OSError, ValueError) as exc:

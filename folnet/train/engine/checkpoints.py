@@ -9,6 +9,7 @@ Layout of one checkpoint, ``OUT/checkpoints/step_N/``::
     trainer.pt          optimizer, scheduler, GradScaler, RNG states (python, numpy, torch,
                         CUDA, per rank), the MLM collator's generator, the data position
                         (epoch, micro-batch in epoch) and counters
+    checksums.json      the SHA-256 of every other file (`folnet.checksums`), written last
 
 Why a directory rename: every file is written into ``checkpoints/.tmp-step_N-*``, fsynced, and
 the directory is renamed to ``step_N`` in one atomic step (`folnet.io.atomic_write_dir`), so a
@@ -16,6 +17,12 @@ crash (SIGKILL, power loss, full disk) during a save leaves either the old set o
 the new one, never a half-written ``step_N``. Old checkpoints are renamed aside before they are
 deleted for the same reason (`folnet.io.discard_dir`). `list_checkpoints` only ever sees
 complete directories.
+
+Why ``--resume`` falls back to an older checkpoint: a complete directory can still be damaged
+afterwards (a failing disk, a bad copy, a user's stray edit), and the checksums find it. The
+run then resumes from the newest checkpoint that is intact, says which ones it skipped and
+why, and leaves them on disk for the user to inspect. A checkpoint named explicitly
+(``--resume DIR``) never falls back: the user asked for that one.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
+import re
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,13 +41,22 @@ import torch
 
 from folnet.arch import load_weights, read_metadata, run_checkpoints
 from folnet.arch.checkpoint import STEP_DIR
+from folnet.checksums import read_manifest, verify_files, write_manifest
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_dir, discard_dir
+from folnet.io import (
+    WriteError,
+    atomic_write_dir,
+    discard_dir,
+    remove_leftovers,
+    warn,
+    writing,
+)
 
 __all__ = [
     "TRAINER_FILE",
     "Saveable",
     "capture_rng",
+    "check_intact",
     "checkpoint_dir",
     "checkpoint_step",
     "describe",
@@ -67,32 +84,87 @@ def list_checkpoints(out: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return run_checkpoints(out)
 
 
-def resolve_resume(out: str | os.PathLike[str], resume: str | None) -> Path | None:
-    """The checkpoint a ``--resume`` value names: 'latest' (one must exist), 'auto' (the
-    latest if any, else a fresh start) or a checkpoint directory."""
+def resolve_resume(out: str | os.PathLike[str], resume: str | None
+                   ) -> tuple[Path | None, tuple[str, ...]]:
+    """The checkpoint a ``--resume`` value names and lines saying which damaged ones were
+    skipped: 'latest' (the newest intact one; one must exist), 'auto' (the same, else a
+    fresh start) or a checkpoint directory (checked, never replaced by another)."""
     if resume is None:
-        return None
+        return None, ()
     if resume in ("latest", "auto"):
         found = list_checkpoints(out)
+        damaged: list[tuple[str, str]] = []
+        for _step, path in reversed(found):
+            try:
+                check_intact(path)
+            except FolnetError as exc:
+                damaged.append((path.name, str(exc)))
+                continue
+            notes = [f"--resume: skipped checkpoint {name}, which is damaged ({why}); it is "
+                     f"left on disk" for name, why in damaged]
+            if notes:
+                notes.append(f"--resume: resuming from {path.name}, the newest intact "
+                             f"checkpoint")
+            return path, tuple(notes)
         if found:
-            return found[-1][1]
+            raise FolnetError(f"--resume: no intact checkpoint under "
+                              f"{str(checkpoint_dir(out))!r}: " + "; ".join(
+                                  f"{name}: {why}" for name, why in damaged))
         if resume == "auto":
-            return None
+            return None, ()
         raise FolnetError(f"--resume: no checkpoint to resume under "
                           f"{str(checkpoint_dir(out))!r}")
     path = Path(resume)
     if not path.is_dir():
         raise FolnetError(f"--resume {resume!r}: no such checkpoint directory")
-    return path
+    check_intact(path)
+    return path, ()
+
+
+def check_intact(checkpoint: Path) -> None:
+    """Raise a `FolnetError` naming the damaged file unless `checkpoint` is whole: its config
+    is ours, its files are there, and every file matches ``checksums.json``. A checkpoint
+    written before checksums existed gets the checks its formats allow (the trainer state's
+    zip CRCs, the weights' header and length)."""
+    checkpoint = Path(checkpoint)
+    read_metadata(checkpoint)
+    for name in ("model.safetensors", TRAINER_FILE):
+        if not (checkpoint / name).is_file():
+            raise FolnetError(f"checkpoint {str(checkpoint)!r} has no {name} (not a training "
+                              f"checkpoint, or an incomplete copy)")
+    if read_manifest(checkpoint) is not None:
+        verify_files(checkpoint)
+        return
+    _check_legacy_files(checkpoint)
+
+
+def _check_legacy_files(checkpoint: Path) -> None:
+    """What can be checked of a checkpoint without a manifest, without unpickling anything."""
+    from safetensors import safe_open
+
+    trainer = checkpoint / TRAINER_FILE
+    try:
+        with zipfile.ZipFile(trainer) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise FolnetError(f"{trainer}: corrupt or truncated training state ({exc})") from None
+    if bad is not None:
+        raise FolnetError(f"{trainer}: corrupt or truncated training state (member {bad!r} "
+                          f"fails its CRC check)")
+    weights = checkpoint / "model.safetensors"
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            handle.keys()
+    except Exception as exc:  # safetensors reports a bad header as its own error type
+        raise FolnetError(f"{weights}: corrupt or truncated weights ({exc})") from None
 
 
 def remove_stale_temporaries(out: str | os.PathLike[str]) -> None:
-    """Delete what crashed saves and deletions left behind (never a complete checkpoint)."""
-    root = checkpoint_dir(out)
-    if root.is_dir():
-        for entry in root.iterdir():
-            if entry.name.startswith((".tmp-", ".trash-")):
-                shutil.rmtree(entry, ignore_errors=True)
+    """Delete what crashed saves and deletions left anywhere in the run directory (never a
+    complete checkpoint): ``.tmp-*`` and ``.trash-*`` (`folnet.io.remove_leftovers`). Only
+    while holding the directory's `folnet.train.engine.lock.RunLock`: a live run's temporaries
+    look exactly like a dead one's."""
+    remove_leftovers(out)
 
 
 # -- RNG ---------------------------------------------------------------------------------------
@@ -146,17 +218,26 @@ def save_checkpoint(out: str | os.PathLike[str], step: int, *,
                     trainer_state: Mapping[str, Any], keep_last: int) -> Path:
     """Write ``OUT/checkpoints/step_{step}`` atomically, then keep only the last `keep_last`.
 
-    ``write_model(dir)`` writes config.json + model.safetensors (`save_pretrained`).
+    ``write_model(dir)`` writes config.json + model.safetensors (`save_pretrained`). A full
+    disk or a read-only folder is a `folnet.io.WriteError` naming the file, and the
+    checkpoints already written are left as they were.
     """
     def write(directory: Path) -> None:
         write_model(directory)
         tokenizer.save(directory)
         payload = {"format": TRAINER_FORMAT, "version": TRAINER_VERSION, **trainer_state}
-        torch.save(payload, directory / TRAINER_FILE)
+        # through a Python file: a full disk is then an OSError (torch's own writer reports
+        # it as a bare RuntimeError), which becomes a one-line error naming the file
+        with writing(directory / TRAINER_FILE), open(directory / TRAINER_FILE, "wb") as handle:
+            torch.save(payload, handle)
+        write_manifest(directory)  # last: it covers every other file
 
     final = atomic_write_dir(checkpoint_dir(out) / f"step_{step}", write)
     for _step, path in list_checkpoints(out)[:-keep_last]:
-        discard_dir(path)
+        try:
+            discard_dir(path)  # a trash it cannot empty is said in a warning line
+        except WriteError as exc:  # pruning is housekeeping: the new checkpoint is safe
+            warn(f"keeping an old checkpoint: {exc}")
     return final
 
 
@@ -173,13 +254,19 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, bad pickle, unreadable file
         raise FolnetError(f"{path}: corrupt or truncated training state "
-                          f"({type(exc).__name__}: {str(exc)[:200]})") from None
+                          f"({type(exc).__name__}: {_one_line(str(exc))[:200]})") from None
     if not isinstance(state, dict) or state.get("format") != TRAINER_FORMAT:
         raise FolnetError(f"{path}: not a folnet training state")
     if state.get("version") != TRAINER_VERSION:
         raise FolnetError(f"{path}: training-state version {state.get('version')!r} is not "
                           f"supported (expected {TRAINER_VERSION})")
     return state
+
+
+def _one_line(text: str) -> str:
+    """`text` without terminal colour codes and line breaks (torch's messages have both): an
+    error is printed as one line."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
 
 
 def read_run_config(checkpoint: Path) -> dict[str, Any]:

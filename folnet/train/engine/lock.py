@@ -7,6 +7,12 @@ the same process (a test, a notebook) is refused just like one in another proces
 also records who holds it (pid, host, start time, command) for the refusal message; that text
 is informative only, the lock is the truth.
 
+Why the lock is taken after a run has checked its options but before it writes or deletes
+anything: a refused run must leave no directory behind, and the start-up clean-up of what
+killed runs left (``on_acquire``, `folnet.io.remove_leftovers`) must run only when no live run
+can be writing those temporaries. Under ``torchrun`` only rank 0 takes it (``enabled``): the
+other ranks write nothing in OUT that rank 0 does not coordinate.
+
 Limits: advisory (only folnet's own runs take it) and, like every flock, not reliable across
 NFS clients on different hosts; the message names the host to help there.
 """
@@ -19,10 +25,12 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from folnet.errors import FolnetError
+from folnet.io import write_error
 
 __all__ = ["LOCK_NAME", "RunLock", "lock_holder"]
 
@@ -37,23 +45,35 @@ def _read_holder(path: Path) -> dict[str, object]:
     return holder if isinstance(holder, dict) else {}
 
 
-def _describe(holder: dict[str, object]) -> str:
+def _describe(holder: dict[str, object], what: str) -> str:
     if not holder:
-        return "another process"
+        return f"another {what}"
     started = holder.get("started")
     when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(started)))
             if isinstance(started, (int, float)) else "?")
-    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {when} "
-            f"({holder.get('command', '?')})")
+    return (f"another {holder.get('what') or what}: pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')} since {when} ({holder.get('command', '?')})")
 
 
 class RunLock:
     """``with RunLock(out, what="pretraining run"):`` -- the directory is created if needed;
-    entering raises `FolnetError` at once (no waiting) when another live run holds it."""
+    entering raises `FolnetError` at once (no waiting) when another live run holds it, and a
+    directory that cannot be written is a `folnet.io.WriteError` naming it.
 
-    def __init__(self, directory: str | os.PathLike[str], *, what: str = "run") -> None:
+    ``on_acquire(directory)`` runs once the lock is held (the clean-up of dead runs'
+    leftovers); if it fails the lock is released. ``enabled=False`` makes the lock a no-op
+    (the ranks of a distributed run other than rank 0). `acquire` is idempotent, so a run may
+    take the lock early (before reading an existing directory) and "again" where it would
+    first create one.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, what: str = "run",
+                 enabled: bool = True,
+                 on_acquire: Callable[[Path], object] | None = None) -> None:
         self.directory = Path(directory)
         self.what = what
+        self.enabled = enabled
+        self.on_acquire = on_acquire
         self._fd: int | None = None
 
     @property
@@ -61,25 +81,39 @@ class RunLock:
         return self._fd is not None
 
     def acquire(self) -> RunLock:
-        if self._fd is not None:
+        if self._fd is not None or not self.enabled:
             return self
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise write_error(path, exc, what=f"cannot create the {self.what}'s lock file"
+                              ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise FolnetError(
-                f"{str(self.directory)!r} is in use by another {self.what}: "
-                f"{_describe(_read_holder(path))}; wait for it to finish, or pass another "
-                f"--out") from None
+                f"{str(self.directory)!r} is in use by "
+                f"{_describe(_read_holder(path), self.what)}; wait for it to finish, or pass "
+                f"another --out") from None
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                  "what": self.what,
                   "command": " ".join(os.path.basename(a) if i == 0 else a
                                       for i, a in enumerate(sys.argv))[:300]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except OSError:
+            pass  # the holder text is informative only (a full disk must not stop the lock)
         self._fd = fd
+        if self.on_acquire is not None:
+            try:
+                self.on_acquire(self.directory)
+            except BaseException:
+                self.release()
+                raise
         return self
 
     def release(self) -> None:

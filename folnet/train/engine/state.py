@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import FolnetModel
+from folnet.checksums import write_manifest
 from folnet.io import atomic_write_dir
 from folnet.train.engine import checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
@@ -124,9 +125,11 @@ def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module,
 
 
 def publish_final(out: Path, write: Callable[[Path], Any], tokenizer: ckpt.Saveable) -> Path:
-    """Write ``OUT/final`` (model + tokenizer) atomically, replacing an earlier one."""
+    """Write ``OUT/final`` (model + tokenizer + ``checksums.json``) atomically, replacing an
+    earlier one."""
     def write_all(directory: Path) -> None:
         write(directory)
         tokenizer.save(directory)
+        write_manifest(directory)  # last: it covers every other file
 
     return atomic_write_dir(out / "final", write_all)

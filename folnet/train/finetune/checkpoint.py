@@ -19,6 +19,7 @@ from folnet.arch import (
     read_metadata,
     resolve_model_dir,
 )
+from folnet.checksums import write_manifest
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer
 
@@ -84,11 +85,13 @@ def build_task_model(checkpoint: Path, head: str, num_labels: int = 2,
 
 def save_finetuned(model: FolnetModel, directory: Path, tokenizer: FolnetTokenizer, *,
                    task: str, labels: list[str] | None, extra: dict[str, Any]) -> Path:
-    """``config.json`` (with task, labels and tokenizer fingerprint) + weights + tokenizer."""
+    """``config.json`` (with task, labels and tokenizer fingerprint) + weights + tokenizer, and
+    ``checksums.json`` over them (`folnet.checksums`: loading it checks the weights)."""
     info = {"task": task, "labels": labels, "tokenizer_fingerprint": tokenizer.fingerprint,
             "finetune": extra}
     model.save_pretrained(directory, info)
     tokenizer.save(directory)
+    write_manifest(directory)
     return directory
 
 

@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_json, atomic_write_text
+from folnet.io import atomic_write_json, atomic_write_text, remove_leftovers, write_faults
 from folnet.train.engine.distributed import resolve_device
+from folnet.train.engine.lock import RunLock
 from folnet.train.finetune.checkpoint import load_finetuned
 from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.finetune.data import (
@@ -124,9 +125,6 @@ def evaluate_checkpoint(model_dir: str | Path, out: str | Path, *, task: str | N
     results = evaluate_splits(model, data_, options=run_options(config, hyper),
                               batch_size=batch_size, device=resolve_device(device),
                               precision=precision)
-    out = Path(out)
-    for name, (_metrics, rows) in results.items():
-        write_predictions(out / "predictions", data_.task, name, rows)
     metrics = {name: m for name, (m, _rows) in results.items()}
     headline = headline_split(data_.task, list(metrics))
     payload = {"task": data_.task.name, "model": str(model_dir), "data": data,
@@ -134,5 +132,10 @@ def evaluate_checkpoint(model_dir: str | Path, out: str | Path, *, task: str | N
                "headline": metrics[headline].get(data_.task.main_metric), "metrics": metrics,
                "predictions": {s: f"predictions/{s}.tsv" for s in metrics},
                "max_len": hyper.max_len}
-    write_eval_json(out / "eval.json", payload)
+    out = Path(out)
+    # OUT is written only here: held against a finetuning run or evaluation writing it too
+    with RunLock(out, what="evaluation", on_acquire=remove_leftovers), write_faults(out):
+        for name, (_metrics, rows) in results.items():
+            write_predictions(out / "predictions", data_.task, name, rows)
+        write_eval_json(out / "eval.json", payload)
     return payload

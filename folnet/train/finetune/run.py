@@ -15,6 +15,11 @@ Layout of OUT::
                               fingerprint, model.safetensors, tokenizer.json, vocab.txt)
     predictions/<split>.tsv   that model's predictions (id, prediction, label[, k])
     seed_<s>/                 log.jsonl, log.csv, metrics.json, predictions/ of each seed
+
+One run per OUT: the run holds OUT's `folnet.train.engine.lock.RunLock` from the moment it has
+checked its inputs (or, when OUT exists, before it reads it) to its end, and deletes what a
+killed run's writes left there only then. A full disk or a read-only OUT is one line naming
+the file (`folnet.io.write_faults`).
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ import torch
 
 from folnet.arch import read_metadata
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_json
+from folnet.io import atomic_write_json, remove_leftovers, write_faults
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine.distributed import resolve_device
+from folnet.train.engine.lock import RunLock
 from folnet.train.finetune.checkpoint import (
     build_task_model,
     check_vocabulary,
@@ -173,15 +179,10 @@ def _median(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _check_out(config: FinetuneConfig) -> Path:
-    if config.out is None:
-        raise FolnetError("--out is required: the directory for eval.json, predictions and "
-                          "the finetuned model")
-    out = Path(config.out)
+def _check_out(config: FinetuneConfig, out: Path) -> None:
     if (out / "eval.json").exists() and not config.overwrite:
         raise FolnetError(f"--out {str(out)!r} already holds a finetuning run (eval.json); "
                           f"pass --overwrite to replace it or choose another --out")
-    return out
 
 
 def finetune(config: FinetuneConfig) -> dict[str, Any]:
@@ -190,7 +191,23 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
         raise FolnetError("--task is required: glue/<task>, squad2, folio, clutrr or kinship")
     task = resolve_task(config.task)
     _selection_split(task, config)  # fail before reading anything
-    out = _check_out(config)
+    if config.out is None:
+        raise FolnetError("--out is required: the directory for eval.json, predictions and "
+                          "the finetuned model")
+    out = Path(config.out)
+    lock = RunLock(out, what="finetuning run", on_acquire=remove_leftovers)
+    try:
+        with write_faults(out):
+            return _finetune(config, task, out, lock)
+    finally:
+        lock.release()
+
+
+def _finetune(config: FinetuneConfig, task: TaskSpec, out: Path, lock: RunLock
+              ) -> dict[str, Any]:
+    if out.is_dir():
+        lock.acquire()  # before reading OUT: no other run may change it now
+    _check_out(config, out)
     device = resolve_device(config.device)
     checkpoint = resolve_checkpoint(config.checkpoint, "--from")
     tokenizer = task_tokenizer(checkpoint, config.tokenizer)
@@ -198,7 +215,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
     hyper = config.hyper(task)
     data = load_run_data(config, tokenizer, hyper)
     task = data.task
-    out.mkdir(parents=True, exist_ok=True)
+    lock.acquire()  # creates OUT, refuses a second run, then clears what killed runs left
     settings = {"config": config.to_dict(), "hyper": _hyper_dict(hyper),
                 "checkpoint": str(checkpoint), "task": task.name, "labels": label_names(task)}
     atomic_write_json(out / "run_config.json", settings)

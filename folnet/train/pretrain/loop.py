@@ -29,7 +29,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import build_model
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_json
+from folnet.io import atomic_write_json, write_faults
 from folnet.runtime import tune_cpu_allocator
 from folnet.train.data.masking import PretrainingCollator
 from folnet.train.engine import checkpoints as ckpt
@@ -44,6 +44,7 @@ from folnet.train.engine.distributed import (
     shutdown,
     wrap_model,
 )
+from folnet.train.engine.lock import RunLock
 from folnet.train.engine.optim import build_optimizer, build_scheduler, reschedule, schedule_rule
 from folnet.train.engine.runlog import TrainLogger
 from folnet.train.engine.state import (
@@ -105,9 +106,14 @@ def pretrain(config: PretrainConfig) -> Path:
     tune_cpu_allocator()  # a training process: keep large tensors on the heap (2x on CPU)
     ctx = init_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()
+    # one run per OUT (rank 0 holds it); a full disk or read-only OUT is one line naming a file
+    lock = RunLock(config.out, what="pretraining run", enabled=ctx.is_main,
+                   on_acquire=ckpt.remove_stale_temporaries)
     try:
-        return _train(config, ctx)
+        with write_faults(config.out):
+            return _train(config, ctx, lock)
     finally:
+        lock.release()
         torch.use_deterministic_algorithms(deterministic)  # leave the caller's setting be
         shutdown(ctx)
 
@@ -173,7 +179,7 @@ def _record(window: list[float], *, step: int, lr: float, grad_norm: float | Non
             "samples": state["samples"], "tokens": state["tokens"]}
 
 
-def _train(config: PretrainConfig, ctx: DistContext) -> Path:
+def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
     check_precision(config.precision, ctx.device)
     torch.use_deterministic_algorithms(config.deterministic)
     out = Path(config.out)
@@ -181,12 +187,13 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
         raise FolnetError(f"--batch-size {config.batch_size} / --grad-accum {config.grad_accum} "
                           f"= {config.micro_batch} rows per micro-batch cannot be split over "
                           f"{ctx.world_size} processes")
+    if out.is_dir():
+        lock.acquire()  # before reading OUT's checkpoints: no other run may change them now
     start = plan_start(config, out)  # checks resume/init-from options; writes nothing
     config, resume = start.config, start.resume
     check_inputs(config, start.tokenizer_from)  # before OUT exists: a failure leaves nothing
+    lock.acquire()  # creates OUT, refuses a second run, then clears what killed runs left
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.remove_stale_temporaries(out)
         atomic_write_json(out / "run_config.json", config.to_dict())
     random.seed(config.seed)
     np.random.seed(config.seed)

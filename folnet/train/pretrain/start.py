@@ -2,7 +2,9 @@
 another ``--steps``), or from pretrained weights (``--init-from``).
 
 `plan_start` decides and checks all of it before the run writes a file, so a refused resume or
-a contradicting option leaves the run directory as it was.
+a contradicting option leaves the run directory as it was. ``--resume`` (latest) takes the
+newest intact checkpoint (`folnet.train.engine.checkpoints.resolve_resume`); the damaged ones
+it skipped are named in the run's notes.
 
 Why a resumption may change ``--steps`` and no other option: the total number of steps only
 shapes the learning-rate schedule (the warmup length and the decay slope). The data order, the
@@ -23,6 +25,7 @@ nothing under another.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,11 +75,12 @@ def plan_start(config: PretrainConfig, out: Path) -> RunStart:
     if config.init_from is not None:
         _refuse_existing_checkpoints(out)
         return _plan_init(config)
-    target = ckpt.resolve_resume(out, config.resume)
+    target, skipped = ckpt.resolve_resume(out, config.resume)
     if target is None:
         _refuse_existing_checkpoints(out)
         return RunStart(config)
-    return _plan_resume(config, target)
+    start = _plan_resume(config, target)
+    return dataclasses.replace(start, notes=(*skipped, *start.notes)) if skipped else start
 
 
 def _refuse_existing_checkpoints(out: Path) -> None:

@@ -1,0 +1,98 @@
+"""Per-file checksums of a saved model or checkpoint: ``checksums.json``, verified on load.
+
+Why: safetensors and JSON parsers notice a truncated file, but not a flipped byte inside
+tensor data -- the model then loads and silently computes something else. A SHA-256 of every
+file, recorded when the directory is written and checked when it is read, turns such damage
+(a failing disk, a bad copy) into an error naming the file; ``folnet pretrain --resume`` then
+falls back to an older intact checkpoint.
+
+The manifest is written inside the directory's atomic write, after every other file, so a
+complete directory always has a manifest that matches it. Directories written before
+manifests existed have none and load as before: checkpoints are a promise. A file the
+manifest does not list is not checked (a tokenizer a user added later, say).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from folnet.errors import FolnetError
+from folnet.files import read_json
+from folnet.io import atomic_write_json, is_leftover
+
+__all__ = ["MANIFEST", "file_sha256", "read_manifest", "verify_files", "write_manifest"]
+
+MANIFEST = "checksums.json"
+FORMAT = "folnet-checksums"
+_CHUNK = 1 << 20
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB chunks (weights may be larger than memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: str | os.PathLike[str]) -> Path:
+    """Record the SHA-256 of every file under `directory` (but the manifest itself and
+    temporaries) in ``directory/checksums.json``. Call it after the last file is written."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if (path.is_file() and not path.is_symlink() and relative.as_posix() != MANIFEST
+                and not any(is_leftover(part) for part in relative.parts)):
+            files[relative.as_posix()] = file_sha256(path)
+    return atomic_write_json(directory / MANIFEST, {"format": FORMAT, "algorithm": "sha256",
+                                                    "files": files})
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, str] | None:
+    """``{relative path: sha256}`` of `directory`'s manifest, or None when it has none; a
+    damaged manifest is a `FolnetError` naming it."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    payload = read_json(path, what="checksum manifest")
+    files = payload.get("files") if isinstance(payload, dict) else None
+    if (not isinstance(payload, dict) or payload.get("format") != FORMAT
+            or payload.get("algorithm") != "sha256" or not isinstance(files, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+        raise FolnetError(f"{path}: corrupt checksum manifest (expected {{'format': {FORMAT!r}, "
+                          f"'algorithm': 'sha256', 'files': {{name: hex digest}}}})")
+    for name in files:
+        parts = PurePosixPath(name).parts
+        if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
+            raise FolnetError(f"{path}: corrupt checksum manifest (file name {name!r} is not "
+                              f"inside the directory)")
+    return files
+
+
+def verify_files(directory: str | os.PathLike[str], names: Iterable[str] | None = None) -> None:
+    """Check the files `names` (default: every file the manifest lists) of `directory` against
+    its manifest; a missing or changed file is a `FolnetError` naming it. Nothing is checked
+    when there is no manifest, and a name the manifest does not list is skipped."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return
+    for name in manifest if names is None else names:
+        want = manifest.get(name)
+        if want is None:
+            continue
+        path = directory / name
+        if not path.is_file():
+            raise FolnetError(f"{path}: missing, though {directory / MANIFEST} lists it (an "
+                              f"incomplete copy?)")
+        got = file_sha256(path)
+        if got != want.lower():
+            raise FolnetError(
+                f"{path}: corrupt or truncated: its SHA-256 is {got[:16]}..., not the "
+                f"{want[:16]}... recorded in {MANIFEST} when it was written (a disk or copy "
+                f"fault; if you changed the file on purpose, delete {MANIFEST})")
