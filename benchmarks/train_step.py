@@ -145,6 +145,7 @@ def run_case(case: dict) -> dict:
                                 repeats=args.repeats)
         row["paired_peak_frac"] = statistics.median(flops / s / 1e9 / p for s, p in runs)
         row["paired_peak_gflops"] = statistics.median(p for _, p in runs)
+        row["paired_runs"] = [[s, p] for s, p in runs]  # (step seconds, peak GFLOP/s) pairs
     ref = RELEASED.get(case["ops"])
     if ref and args.preset == "small" and args.seq_len == 128 and args.batch == 8:
         # the released step's FLOPs over our time, as a fraction of this machine's peak: the

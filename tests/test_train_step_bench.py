@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,10 +33,14 @@ def test_tiny_run_reports_every_case(tmp_path, capsys):
             32 / r["step_s"])
         assert r["peak_frac"] == pytest.approx(r["gflops"] / data["matmul_peak_gflops"])
         assert all(math.isfinite(x) and x > 0 for x in r["first_losses"])
-        # each step against the peak measured around it: the same order as the run's peak
+        # each step against the peak measured around it: recomputed from the recorded pairs
+        # (comparing with step_s, a separate measurement, would be at the mercy of the load)
+        pairs = r["paired_runs"]
+        assert len(pairs) >= 1 and all(s > 0 and p > 0 for s, p in pairs)
         assert 0 < r["paired_peak_gflops"] and 0 < r["paired_peak_frac"] < 1
+        assert r["paired_peak_gflops"] == statistics.median(p for _, p in pairs)
         assert r["paired_peak_frac"] == pytest.approx(
-            r["gflop"] / r["step_s"] / r["paired_peak_gflops"], rel=0.5)
+            statistics.median(r["gflop"] / s / p for s, p in pairs), rel=1e-9)
         if r["dtype"] == "bf16":
             assert r["bf16_peak_frac"] == pytest.approx(
                 r["gflops"] / data["bf16_matmul_peak_gflops"])
