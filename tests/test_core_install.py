@@ -150,8 +150,8 @@ def test_tensorboard_asked_for_but_missing_is_one_line_and_training_goes_on(core
 # imported but deliberately not declared: apex is not on PyPI (an optional fused LAMB)
 UNDECLARED = {"apex"}
 # declared but not imported by folnet: accelerate is what transformers' Trainer needs to train
-# a folnet.hf model; zstandard is what fsspec (under datasets) needs to stream .zst corpora
-NOT_IMPORTED = {"accelerate", "zstandard"}
+# a folnet.hf model
+NOT_IMPORTED = {"accelerate"}
 
 
 def _imported_modules() -> set[str]:
