@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,6 +165,35 @@ def test_skip_counts_survive_an_exact_resume(tmp_path, monkeypatch):
     ref_log, run_log = (read_log(tmp_path / d / "log.jsonl") for d in ("ref", "run"))
     assert [r["loss"] for r in run_log] == [r["loss"] for r in ref_log]
     assert [r["skipped"] for r in run_log] == [0, 0, 1, 1, 1, 1]
+
+
+def test_two_processes_stop_together(tmp_path):
+    """Under DDP every rank judges the same global loss and norm: both stop at the same step
+    with exit status 1 (none waits forever for the other), keeping only finite checkpoints."""
+    import socket
+
+    from folnet.train.data.kinship import pretraining_documents
+
+    texts = [s for d in pretraining_documents(60, seed=0) for s in d]
+    train_tokenizer(texts=texts, vocab_size=300).save(tmp_path / "tok")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "X"
+    args = [a for a in ARGS if a not in ("--vocab-size", "300")]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_addr", "127.0.0.1", "--master_port", str(port), "-m",
+         "folnet.train.pretrain", *args, *DIVERGE, "--tokenizer", str(tmp_path / "tok"),
+         "--save-every", "1", "--out", str(out)],
+        env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    # each rank says it (their lines may interleave on the shared stderr), at the same step
+    stops = re.findall(r"folnet pretrain: error: pretraining stopped at step (\d+)", done.stderr)
+    assert len(stops) == 2 and stops[0] == stops[1], done.stderr[-3000:]
+    assert not (out / "final").exists()
+    tensors = saved_tensors(out)
+    assert tensors and non_finite(tensors) == []
 
 
 # -- the weights check ---------------------------------------------------------------------------
