@@ -319,7 +319,7 @@ def test_step_guard_counts_fp16_overflows_only_below_scale_1():
     from folnet.errors import NonFiniteError
     from folnet.train.engine.guard import StepGuard
 
-    guard = StepGuard(2, what="pretraining", lr=1e-3, precision="fp16")
+    guard = StepGuard(2, what="pretraining", lr=1e-3)
     for step, scale in enumerate([65536.0, 32768.0, 16384.0, 8192.0], start=1):
         note = guard.check(step, 5.0, float("inf"), scale)
         assert note.startswith(f"step {step} skipped: fp16 gradient overflow at loss scale")
@@ -335,10 +335,10 @@ def test_step_guard_names_the_likely_cause():
     from folnet.errors import FolnetError, NonFiniteError
     from folnet.train.engine.guard import StepGuard
 
-    guard = StepGuard(1, what="finetuning", lr=0.5, precision="fp32")
+    guard = StepGuard(1, what="finetuning", lr=0.5)
     with pytest.raises(NonFiniteError, match=r"step 1: .*not one step was finite"):
         guard.check(1, float("inf"), 2.0)
-    guard = StepGuard(2, what="finetuning", lr=0.5, precision="fp32")
+    guard = StepGuard(2, what="finetuning", lr=0.5)
     assert guard.check(1, 3.0, 2.0) is None
     assert guard.check(2, 3.0, float("nan")) == ("step 2 skipped: loss 3, gradient norm nan "
                                                  "(1 in a row, 1 in all)")
@@ -346,4 +346,4 @@ def test_step_guard_names_the_likely_cause():
                                              r"rate \(0.5\) is likely too high"):
         guard.check(3, float("inf"), float("nan"))
     with pytest.raises(FolnetError, match="max_bad_steps must be an integer >= 1, got 0"):
-        StepGuard(0, what="x", lr=1.0, precision="fp32")
+        StepGuard(0, what="x", lr=1.0)

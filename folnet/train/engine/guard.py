@@ -46,19 +46,18 @@ def _num(value: float | None) -> str:
 class StepGuard:
     """Count skipped steps and stop a run after ``max_bad_steps`` of them in a row.
 
-    ``what`` names the run in messages (``"pretraining"``); ``lr`` and ``precision`` feed the
-    likely cause. ``skipped`` and ``in_a_row`` restore the counts of a resumed run.
+    ``what`` names the run in messages (``"pretraining"``); ``lr`` feeds the likely cause.
+    ``skipped`` and ``in_a_row`` restore the counts of a resumed run.
     """
 
-    def __init__(self, max_bad_steps: int, *, what: str, lr: float, precision: str,
-                 skipped: int = 0, in_a_row: int = 0) -> None:
+    def __init__(self, max_bad_steps: int, *, what: str, lr: float, skipped: int = 0,
+                 in_a_row: int = 0) -> None:
         if isinstance(max_bad_steps, bool) or not isinstance(max_bad_steps, int) \
                 or max_bad_steps < 1:
             raise FolnetError(f"max_bad_steps must be an integer >= 1, got {max_bad_steps!r}")
         self.max_bad_steps = int(max_bad_steps)
         self.what = what
         self.lr = float(lr)
-        self.precision = precision
         self.skipped = int(skipped)
         self.in_a_row = int(in_a_row)
 
@@ -78,9 +77,8 @@ class StepGuard:
         self.skipped += 1
         overflow = loss_ok and scale is not None
         if overflow and scale > 1.0:
-            note = (f"step {step} skipped: fp16 gradient overflow at loss scale {scale:g} (the "
+            return (f"step {step} skipped: fp16 gradient overflow at loss scale {scale:g} (the "
                     f"scaler lowers it; {self.skipped} skipped in all)")
-            return note
         self.in_a_row += 1
         if self.in_a_row >= self.max_bad_steps:
             raise NonFiniteError(

@@ -196,8 +196,7 @@ def finetune_model(model: nn.Module, train_batches: Callable[[int], Iterable[Map
     scheduler = build_scheduler(optimizer, total, warmup_ratio=settings.warmup_ratio,
                                 schedule=settings.schedule)
     scaler = make_grad_scaler(settings.precision, device)
-    guard = StepGuard(settings.max_bad_steps, what="finetuning", lr=settings.lr,
-                      precision=settings.precision)
+    guard = StepGuard(settings.max_bad_steps, what="finetuning", lr=settings.lr)
     step, epoch, samples, last_loss = 0, 0, 0, float("nan")
     window = _fresh_window()
     start = window_start = time.perf_counter()

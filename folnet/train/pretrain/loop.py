@@ -264,8 +264,7 @@ def _train(config: PretrainConfig, ctx: DistContext) -> Path:
     rows = shard_slice(config.micro_batch, ctx)
     window = torch.zeros(6, dtype=torch.float64, device=ctx.device)  # sums since the last log
     guard = StepGuard(config.max_bad_steps, what="pretraining", lr=config.lr,
-                      precision=config.precision, skipped=state["skipped"],
-                      in_a_row=state["bad_in_a_row"])
+                      skipped=state["skipped"], in_a_row=state["bad_in_a_row"])
     window_tokens, window_start = 0, time.perf_counter()
     run_start = time.perf_counter() - state["elapsed"]
     try:
