@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from folnet import __version__
-from folnet.errors import FolnetError
+from folnet.errors import FolnetError, NonFiniteError
 
 __all__ = ["EXTRAS", "Command", "DefaultsFormatter", "build_parser", "main",
            "missing_modules", "register_command"]
@@ -212,7 +212,8 @@ def build_parser(command: str | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; user errors (bad options, missing extras) are one line and exit 2."""
+    """Run one command; user errors (bad options, missing extras) are one line and exit 2; a
+    training run stopped by NaN or inf (`NonFiniteError`) is one line and exits 1."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, parsers = build_parser(_command_in(argv) or "")
     args, unknown = parser.parse_known_args(argv)
@@ -225,6 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(cmd.run(args) or 0)
+    except NonFiniteError as exc:  # the run failed, the command was right: not 2
+        print(f"folnet {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except FolnetError as exc:
         print(f"folnet {args.command}: error: {exc}", file=sys.stderr)
         return 2

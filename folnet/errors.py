@@ -4,6 +4,11 @@
 while code that wants to tell folnet's own complaints apart can catch `FolnetError`. Messages
 quote the offending input, say what was expected and, where there is a closed set of choices,
 list them.
+
+`NonFiniteError` is the one subclass with its own exit status: a run that diverged (NaN or inf
+in its loss, gradients or weights) is not a mistyped option but a failed run, so the command
+line exits 1 for it, where it exits 2 for every other `FolnetError`; scripts and schedulers can
+tell "fix the command" from "the training blew up".
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from collections.abc import Iterable
 
 class FolnetError(ValueError):
     """A user-facing error: bad spec, bad architecture string, bad tensor, bad option."""
+
+
+class NonFiniteError(FolnetError):
+    """A training run stopped because its loss, gradients or weights were not finite."""
 
 
 def choices(values: Iterable[object]) -> str:

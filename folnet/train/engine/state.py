@@ -4,6 +4,11 @@
 and optimiser shards) and lets rank 0 write it through `folnet.train.engine.checkpoints`;
 `restore_training_state` puts it back on every rank. `write_model_fn` is the model writer both
 the checkpoints and the final model use, and `publish_final` writes ``OUT/final``.
+
+Why the weights are checked in `write_model_fn`: it is the one place every checkpoint and final
+model of a training run passes through, on every rank, before anything is written; weights
+with a NaN or inf stop the run there (`folnet.train.engine.guard.check_finite_weights`)
+instead of being saved as if trained.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import FolnetModel
 from folnet.checksums import write_manifest
+from folnet.errors import NonFiniteError
 from folnet.io import atomic_write_dir
 from folnet.train.engine import checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
+from folnet.train.engine.guard import check_finite_weights
 
 __all__ = ["Stateful", "publish_final", "restore_training_state", "save_training_checkpoint",
            "write_model_fn"]
@@ -37,18 +44,40 @@ def _full_state(engine: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def write_model_fn(model: nn.Module, engine: nn.Module, extra: Mapping[str, Any],
-                   fsdp: bool, is_main: bool = True) -> Callable[[Path], Any]:
+                   fsdp: bool, is_main: bool = True, *, what: str = "the model"
+                   ) -> Callable[[Path], Any]:
     """A directory writer of config.json + model.safetensors (call on every rank under FSDP:
-    gathering the shards is collective, and only rank 0 receives the full weights)."""
+    gathering the shards is collective, and only rank 0 receives the full weights).
+
+    Raises `NonFiniteError` on every rank, before anything is written, when a weight is NaN or
+    inf; ``what`` names the model in that message (``"checkpoint step_500"``).
+    """
     source = model
     if fsdp:
         full = _full_state(engine)
+        _check_gathered(full if is_main else {}, what)
         if not is_main:
             return lambda directory: None
         with torch.device("meta"):  # fully_shard changed model's class: rebuild a plain one
             source = FolnetModel(model.cfg, head=model.head, num_labels=model.num_labels)
         source.load_state_dict(full, assign=True)
+    else:
+        check_finite_weights(model, what)  # DDP ranks hold the same weights: all raise alike
     return lambda directory: source.save_pretrained(directory, dict(extra))
+
+
+def _check_gathered(full: Mapping[str, torch.Tensor], what: str) -> None:
+    """`check_finite_weights` of FSDP's gathered weights, which only rank 0 holds: its verdict
+    goes to every rank, so that all of them stop together rather than wait for rank 0."""
+    try:
+        check_finite_weights(full, what)
+        verdict = [None]
+    except NonFiniteError as exc:
+        verdict = [str(exc)]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise NonFiniteError(verdict[0])
 
 
 def _optimizer_state(engine: nn.Module, optimizer: Optimizer, fsdp: bool) -> dict[str, Any]:
@@ -84,7 +113,8 @@ def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module,
         gathered = [None] * ctx.world_size
         torch.distributed.all_gather_object(gathered, rng)
     optimizer_state = _optimizer_state(engine, optimizer, fsdp)
-    write = write_model_fn(model, engine, extra, fsdp, ctx.is_main)
+    write = write_model_fn(model, engine, extra, fsdp, ctx.is_main,
+                           what=f"checkpoint step_{int(state['step'])}")
     if ctx.is_main:
         trainer = {**state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                    "scaler": scaler.state_dict(), "collator": collator.state_dict(),

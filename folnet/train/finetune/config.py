@@ -105,6 +105,8 @@ class FinetuneConfig(Options):
     beta2: float | None = option(None, "AdamW second-moment decay (default 0.999)")
     dropout: float | None = option(None, "dropout of encoder and head (default 0.1)")
     clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off, as the paper)")
+    max_bad_steps: int = option(3, "stop the run (exit status 1) after this many steps in a row "
+                                "skipped for a NaN or inf loss or gradient norm")
     max_len: int | None = option(None, "tokens per input (default: the task's sequence length)")
     doc_stride: int | None = option(None, "SQuAD: step between context windows (default 128)")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
@@ -149,7 +151,8 @@ class FinetuneConfig(Options):
                              ("eval_batch_size", 1), ("log_every", 1),
                              ("max_train_examples", 1), ("max_eval_examples", 1),
                              ("kinship_train_size", 1), ("kinship_test_per_k", 1),
-                             ("kinship_distractors", 0), ("data_seed", 0)))
+                             ("kinship_distractors", 0), ("data_seed", 0),
+                             ("max_bad_steps", 1)))
         self.check_choices((("precision", PRECISIONS), ("keep", KEEP),
                             ("schedule", FINETUNE_SCHEDULES)))
         self.check_within((("warmup_ratio", 0.0, 1.0, False), ("beta1", 0.0, 1.0, True),

@@ -11,6 +11,12 @@ Why batches are trimmed (`trim`): inputs are encoded to the task's full length (
 but FOLNet's binary stream costs T^2 and its ``t`` operator T^3, so cutting every batch to its
 longest real row is the largest speed-up on short-text tasks. Pad positions are removed from
 every reduction by the attention mask, so trimming does not change any real token's output.
+
+Every step passes `folnet.train.engine.guard.StepGuard`: a step whose loss or gradient norm is
+NaN or inf is skipped (no update; the schedule moves on), counted in the log records
+(``skipped``), and ``max_bad_steps`` of them in a row stop the run with `NonFiniteError`. The
+weights are checked before every evaluation that may keep them (``after_epoch``) and at the
+end, so a caller never saves a model with a NaN or inf weight.
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ from torch import nn
 
 from folnet.errors import FolnetError
 from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
+from folnet.train.engine.guard import (
+    StepGuard,
+    advance_schedule,
+    check_finite_weights,
+    gradient_norm,
+)
 from folnet.train.engine.optim import build_optimizer, build_scheduler
 from folnet.train.engine.runlog import TrainLogger
 
@@ -32,13 +44,15 @@ __all__ = ["LOG_FIELDS", "LoopSettings", "batches", "finetune_logger", "finetune
            "num_batches", "predict", "trim"]
 
 LOG_FIELDS = ("step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "tokens_per_s",
-              "elapsed", "samples")
+              "elapsed", "samples", "skipped")
 _PER_TOKEN = ("start_logits", "end_logits")
 
 
 def log_postfix(record: Mapping[str, Any]) -> str:
     """What the progress bar shows after each logged step."""
-    return f"loss {record['loss']:.4f} lr {record['lr']:.2e}"
+    loss = record.get("loss")
+    shown = "n/a" if loss is None else f"{loss:.4f}"  # None: every step of the window skipped
+    return f"loss {shown} lr {record['lr']:.2e}"
 
 
 def finetune_logger(out: Any, *, total_steps: int, tensorboard: bool, progress: bool,
@@ -111,6 +125,7 @@ class LoopSettings:
     clip_norm: float = 0.0
     precision: str = "fp32"
     log_every: int = 10
+    max_bad_steps: int = 3
 
 
 def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -122,29 +137,36 @@ def _fresh_window() -> dict[str, Any]:
 
 
 def _train_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer, scheduler, scaler,
-                settings: LoopSettings, device: torch.device, window: dict[str, Any]) -> float:
-    """One optimiser step on one batch; adds its loss, rows and tokens to ``window``."""
+                settings: LoopSettings, device: torch.device, window: dict[str, Any],
+                guard: StepGuard, step: int) -> str | None:
+    """One optimiser step on one batch, or a skipped one when `guard` finds its loss or
+    gradient norm not finite (no update); adds an updated step's loss, rows and tokens to
+    ``window``. Returns the guard's note of a skipped step (None: updated)."""
     with autocast(settings.precision, device):
         out = model(**batch)
     if out.loss is None:
         raise FolnetError("finetune_model: the batch gave no loss (no labels in it?)")
     scaler.scale(out.loss).backward()
-    if settings.clip_norm > 0:
-        scaler.unscale_(optimizer)
-        window["norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                              settings.clip_norm))
+    scaler.unscale_(optimizer)  # a no-op without fp16 loss scaling
+    norm = gradient_norm(model, settings.clip_norm)
+    loss, window["norm"] = torch.stack([out.loss.detach().float(),
+                                        norm.detach().float().to(out.loss.device)]).tolist()
+    note = guard.check(step, loss, window["norm"],
+                       scaler.get_scale() if scaler.is_enabled() else None)
     window["lr"] = scheduler.get_last_lr()[0]
-    scaler.step(optimizer)
-    scaler.update()
-    scheduler.step()
+    if note is None:
+        scaler.step(optimizer)
+    scaler.update()  # fp16: lowers the scale after an overflow that unscale_ found
+    advance_schedule(scheduler, updated=note is None)
     optimizer.zero_grad(set_to_none=True)
-    loss = float(out.loss.detach())
+    if note is not None:
+        return note
     mask = batch.get("attention_mask")
     window["loss"] += loss
     window["batches"] += 1
     window["rows"] += int(batch["input_ids"].shape[0])
     window["tokens"] += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-    return loss
+    return None
 
 
 def finetune_model(model: nn.Module, train_batches: Callable[[int], Iterable[Mapping[str, Any]]],
@@ -152,13 +174,16 @@ def finetune_model(model: nn.Module, train_batches: Callable[[int], Iterable[Map
                    max_steps: int | None = None, device: str | torch.device = "cpu",
                    logger: TrainLogger | None = None,
                    after_epoch: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Train ``model`` in place; returns ``{"steps", "epochs", "loss"}`` (last logged loss).
+    """Train ``model`` in place; returns ``{"steps", "epochs", "loss", "skipped"}`` (the last
+    logged loss; the count of steps skipped for a NaN or inf loss or gradient norm).
 
     ``train_batches(epoch)`` yields the batches of one epoch (dicts of model keyword
     arguments, labels included); ``steps_per_epoch`` is their count, so that the schedule can
     be laid out up front. ``max_steps`` stops early (and sets the schedule's length) even in
     the middle of an epoch; ``after_epoch(epoch, step)`` runs after every full epoch (e.g. an
     evaluation) with the model in eval mode and is followed by a return to train mode.
+    Raises `NonFiniteError` when ``settings.max_bad_steps`` steps in a row are skipped, or
+    when a weight is NaN or inf at the end or before ``after_epoch``.
     """
     device = torch.device(device)
     check_precision(settings.precision, device)
@@ -171,6 +196,7 @@ def finetune_model(model: nn.Module, train_batches: Callable[[int], Iterable[Map
     scheduler = build_scheduler(optimizer, total, warmup_ratio=settings.warmup_ratio,
                                 schedule=settings.schedule)
     scaler = make_grad_scaler(settings.precision, device)
+    guard = StepGuard(settings.max_bad_steps, what="finetuning", lr=settings.lr)
     step, epoch, samples, last_loss = 0, 0, 0, float("nan")
     window = _fresh_window()
     start = window_start = time.perf_counter()
@@ -178,22 +204,27 @@ def finetune_model(model: nn.Module, train_batches: Callable[[int], Iterable[Map
         seen = 0
         for batch in train_batches(epoch):
             seen += 1
-            last_loss = _train_step(model, _to(batch, device), optimizer, scheduler, scaler,
-                                    settings, device, window)
+            note = _train_step(model, _to(batch, device), optimizer, scheduler, scaler,
+                               settings, device, window, guard, step + 1)
             step += 1
             if logger is not None:
+                if note is not None:
+                    logger.message(note)
                 logger.advance()
             if step % settings.log_every == 0 or step == total:
                 now = time.perf_counter()
                 seconds = max(now - window_start, 1e-9)
-                last_loss = window["loss"] / window["batches"]
+                # None (NaN in the summary) when every step since the last record was skipped
+                last_loss = (window["loss"] / window["batches"] if window["batches"]
+                             else float("nan"))
                 samples += int(window["rows"])
                 if logger is not None:
                     logger.log({"step": step, "epoch": epoch, "loss": last_loss,
                                 "lr": window["lr"], "grad_norm": window["norm"],
                                 "samples_per_s": window["rows"] / seconds,
                                 "tokens_per_s": window["tokens"] / seconds,
-                                "elapsed": now - start, "samples": samples})
+                                "elapsed": now - start, "samples": samples,
+                                "skipped": guard.skipped})
                 window = _fresh_window()
                 window_start = now
             if step >= total:
@@ -203,11 +234,13 @@ def finetune_model(model: nn.Module, train_batches: Callable[[int], Iterable[Map
         if seen == steps_per_epoch:
             epoch += 1
             if after_epoch is not None:
+                check_finite_weights(model, f"the model of epoch {epoch} (step {step})")
                 model.eval()
                 after_epoch(epoch, step)
                 model.train()
+    check_finite_weights(model, f"the finetuned model (step {step})")
     model.eval()
-    return {"steps": step, "epochs": epoch, "loss": last_loss}
+    return {"steps": step, "epochs": epoch, "loss": last_loss, "skipped": guard.skipped}
 
 
 @torch.no_grad()

@@ -112,7 +112,7 @@ def _run_seed(seed: int, *, config: FinetuneConfig, hyper: Hyper, data: TaskData
                             eps=hyper.adam_eps, warmup_ratio=hyper.warmup_ratio,
                             schedule=config.schedule,
                             clip_norm=config.clip_norm, precision=config.precision,
-                            log_every=config.log_every)
+                            log_every=config.log_every, max_bad_steps=config.max_bad_steps)
     score_args = {"options": run_options(config, hyper), "batch_size": config.eval_batch_size,
                   "device": device, "precision": config.precision}
     select = _selection_split(task, config)

@@ -36,7 +36,7 @@ MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_
 # Options that may differ between a run and its resumption (they do not change the result).
 RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
                          "device", "log_every", "save_every", "keep_last", "out", "resume",
-                         "num_workers", "fsdp", "tensorboard", "progress"})
+                         "num_workers", "fsdp", "tensorboard", "progress", "max_bad_steps"})
 # Options a resumption may change at a cost: a new --steps (no fewer than the checkpoint's
 # step) recomputes the learning-rate schedule; checked by `folnet.train.pretrain.start`.
 RESUME_RESCHEDULED = frozenset({"steps"})
@@ -89,6 +89,8 @@ class PretrainConfig(Options):
     beta2: float = option(0.999, "second-moment decay")
     eps: float = option(1e-6, "optimiser epsilon")
     clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off)")
+    max_bad_steps: int = option(3, "stop the run (exit status 1) after this many steps in a row "
+                                "skipped for a NaN or inf loss or gradient norm")
     optimizer: str = option("lamb", "lamb or adamw")
     precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
     activation_checkpointing: bool = option(False, "recompute layers in backward to save memory")
@@ -117,7 +119,8 @@ class PretrainConfig(Options):
         self.check_at_least((("kinship_documents", 1), ("vocab_size", 6), ("seq_len", 8),
                              ("max_predictions", 1), ("batch_size", 1), ("grad_accum", 1),
                              ("steps", 1), ("log_every", 1), ("save_every", 1),
-                             ("keep_last", 1), ("num_workers", 0), ("seed", 0)))
+                             ("keep_last", 1), ("num_workers", 0), ("seed", 0),
+                             ("max_bad_steps", 1)))
         self.check_choices((("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
                             ("schedule", SCHEDULES), ("precision", PRECISIONS)))
         self.check_within((("mlm_probability", 0.0, 1.0, True),

@@ -10,6 +10,12 @@ Each micro-batch contributes ``sum / global count`` (times the world size, which
 averaging divides out again), so the gradient is the same whatever ``grad_accum`` and the
 number of processes are: two processes reproduce one, and a resumed run reproduces an
 uninterrupted one bit for bit.
+
+Every step is judged by `folnet.train.engine.guard.StepGuard` from its global loss and gradient
+norm (one small transfer per step): a non-finite one is skipped -- no update, its losses kept
+out of the logged means, the count in every log record (``skipped``) -- and ``--max-bad-steps``
+of them in a row stop the run with exit status 1. The counts travel in the trainer state, so a
+resumed run judges as the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from folnet.train.engine.distributed import (
     shutdown,
     wrap_model,
 )
+from folnet.train.engine.guard import StepGuard, advance_schedule, gradient_norm
 from folnet.train.engine.lock import RunLock
 from folnet.train.engine.optim import build_optimizer, build_scheduler, reschedule, schedule_rule
 from folnet.train.engine.runlog import TrainLogger
@@ -61,7 +68,7 @@ __all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
 
 #: The columns of ``OUT/log.csv``.
 LOG_FIELDS = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm",
-              "tokens_per_s", "samples_per_s", "elapsed", "epoch", "samples", "tokens")
+              "tokens_per_s", "samples_per_s", "elapsed", "epoch", "samples", "tokens", "skipped")
 
 
 class PretrainingForward(nn.Module):
@@ -152,31 +159,39 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
 
 
 def _optimizer_step(model: nn.Module, optimizer: Optimizer, scheduler: LRScheduler,
-                    scaler: torch.amp.GradScaler, config: PretrainConfig,
-                    want_norm: bool) -> float | None:
-    """Unscale, clip, step, advance the schedule; the gradient norm when asked or clipping."""
-    norm = None
-    if config.clip_norm > 0 or want_norm:
-        scaler.unscale_(optimizer)
-        limit = config.clip_norm if config.clip_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    scaler.step(optimizer)
-    scaler.update()
-    scheduler.step()
+                    scaler: torch.amp.GradScaler, config: PretrainConfig, ctx: DistContext,
+                    guard: StepGuard, step: int, sums: torch.Tensor) -> tuple[float, str | None]:
+    """Unscale, measure (and clip) the gradient norm, let `guard` judge the step by its global
+    loss (from this step's `sums`) and the norm, then update or skip; the schedule advances
+    either way. Returns the norm and the guard's note of a skipped step (None: updated)."""
+    scaler.unscale_(optimizer)  # a no-op without fp16 loss scaling
+    norm = gradient_norm(model, config.clip_norm)
+    totals = all_reduce_sum(sums.clone(), ctx)  # [6] this step's sums over all ranks
+    values = torch.cat([totals, norm.detach().reshape(1).to(totals)]).tolist()
+    loss = values[0] / max(values[4], 1.0) + values[1] / max(values[5], 1.0)
+    note = guard.check(step, loss, values[6], scaler.get_scale() if scaler.is_enabled() else None)
+    if note is None:
+        scaler.step(optimizer)
+    scaler.update()  # fp16: lowers the scale after an overflow that unscale_ found
+    advance_schedule(scheduler, updated=note is None)
     optimizer.zero_grad(set_to_none=True)
-    return norm
+    return values[6], note
 
 
 def _record(window: list[float], *, step: int, lr: float, grad_norm: float | None,
             tokens: int, seconds: float, elapsed: float, state: dict[str, Any]) -> dict:
+    """One log record; the losses and accuracies are None when every step since the last
+    record was skipped (``window`` holds the sums of updated steps only)."""
     masked, sequences = max(window[4], 1.0), max(window[5], 1.0)
     mlm_loss, nsp_loss = window[0] / masked, window[1] / sequences
-    return {"step": step, "loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
-            "nsp_loss": nsp_loss, "mlm_acc": window[2] / masked, "nsp_acc": window[3] / sequences,
+    mlm_acc, nsp_acc = window[2] / masked, window[3] / sequences
+    if window[5] == 0:
+        mlm_loss = nsp_loss = mlm_acc = nsp_acc = None
+    return {"step": step, "loss": None if mlm_loss is None else mlm_loss + nsp_loss,
+            "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc,
             "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / seconds,
             "samples_per_s": window[5] / seconds, "elapsed": elapsed, "epoch": state["epoch"],
-            "samples": state["samples"], "tokens": state["tokens"]}
+            "samples": state["samples"], "tokens": state["tokens"], "skipped": state["skipped"]}
 
 
 def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
@@ -210,12 +225,12 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
     model.relations = False  # the losses never read the final binary stream
     model.set_activation_checkpointing(config.activation_checkpointing)
     state: dict[str, Any] = {"step": 0, "epoch": 0, "block": 0, "samples": 0, "tokens": 0,
-                             "elapsed": 0.0}
+                             "elapsed": 0.0, "skipped": 0, "bad_in_a_row": 0}
     trainer = None
     if resume is not None:
         ckpt.load_weights_into(model, resume)
         trainer = ckpt.load_trainer_state(resume)
-        state.update({k: trainer[k] for k in state})
+        state.update({k: trainer.get(k, state[k]) for k in state})  # older: no skip counts
     elif start.init_from is not None:
         load_initial_weights(model, start.init_from)
     model.to(ctx.device).train()
@@ -255,6 +270,8 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
     batches = micro_batches(dataset, collator, config, (state["epoch"], state["block"]))
     rows = shard_slice(config.micro_batch, ctx)
     window = torch.zeros(6, dtype=torch.float64, device=ctx.device)  # sums since the last log
+    guard = StepGuard(config.max_bad_steps, what="pretraining", lr=config.lr,
+                      skipped=state["skipped"], in_a_row=state["bad_in_a_row"])
     window_tokens, window_start = 0, time.perf_counter()
     run_start = time.perf_counter() - state["elapsed"]
     try:
@@ -263,14 +280,21 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
             for _ in range(config.grad_accum):
                 epoch, block, batch = next(batches)
                 micro.append(collator.apply_mask(batch))
-            _accumulate(engine, micro, config, ctx, scaler, rows, window)
+            sums = torch.zeros(6, dtype=torch.float64, device=ctx.device)  # this step's
+            _accumulate(engine, micro, config, ctx, scaler, rows, sums)
             step, lr = state["step"] + 1, scheduler.get_last_lr()[0]
             log_now = step % config.log_every == 0 or step == config.steps
-            grad_norm = _optimizer_step(model, optimizer, scheduler, scaler, config, log_now)
+            grad_norm, skipped = _optimizer_step(model, optimizer, scheduler, scaler, config, ctx,
+                                                 guard, step, sums)
+            if skipped is None:
+                window += sums
+            else:
+                logger.message(skipped)
             tokens = sum(int(b["attention_mask"].sum()) for b in micro)
             state.update(step=step, epoch=epoch, block=block + 1,
                          samples=state["samples"] + config.batch_size,
-                         tokens=state["tokens"] + tokens)
+                         tokens=state["tokens"] + tokens, skipped=guard.skipped,
+                         bad_in_a_row=guard.in_a_row)
             window_tokens += tokens
             logger.advance()
             if log_now:
@@ -289,7 +313,8 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
                     extra={"pretrain": config.to_dict(), "step": step},
                     keep_last=config.keep_last, fsdp=config.fsdp)
         write = write_model_fn(model, engine, {"pretrain": config.to_dict(),
-                                               "step": state["step"]}, config.fsdp, ctx.is_main)
+                                               "step": state["step"]}, config.fsdp, ctx.is_main,
+                               what="the final model")
         final = out / "final"
         if ctx.is_main:
             publish_final(out, write, tokenizer)
