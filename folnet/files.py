@@ -38,9 +38,17 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
     if not path.is_file():
         raise FolnetError(f"{what} {str(path)!r} does not exist")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:  # unreadable: permissions, a folder's name, an I/O error
+        raise FolnetError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
         raise FolnetError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FolnetError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:  # nesting deeper than the parser's stack
+        raise FolnetError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def specs_dir() -> Path:

@@ -50,3 +50,23 @@ def test_directory_writes_replace_or_keep_and_a_failure_changes_nothing(tmp_path
 
     discard_dir(target)
     assert names(target.parent) == []
+
+
+def test_read_json_faults_are_one_error_naming_the_file(tmp_path, monkeypatch):
+    from folnet.errors import FolnetError
+    from folnet.files import read_json
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(FolnetError, match=r"deep\.json: not valid JSON \(nested too deeply\)"):
+        read_json(deep)
+    locked = tmp_path / "config.json"
+    locked.write_text("{}", encoding="utf-8")
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", refuse)  # as root, chmod 000 would not refuse
+    with pytest.raises(FolnetError, match=r"cannot read model config '.*config\.json': "
+                                          r"Permission denied"):
+        read_json(locked, what="model config")
