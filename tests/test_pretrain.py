@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
 from pathlib import Path
 
@@ -97,6 +98,26 @@ def test_run_directory_holds_checkpoints_tokenizer_logs_and_final_model(tmp_path
     ids = torch.tensor([[tokenizer.cls_id, *tokenizer.encode("alice is the mother of bob"),
                          tokenizer.sep_id]])
     assert model.eval()(ids).mlm_logits.shape == (1, ids.shape[1], tokenizer.vocab_size)
+
+
+def test_the_trained_tokenizer_is_written_to_out_once(tmp_path, monkeypatch):
+    """Other ranks load OUT/tokenizer right after the barrier; rank 0 writing it a second time
+    then raced them (a rank once read a half-written tokenizer_config.json under DDP)."""
+    from folnet.train.data.tokenizer import FolnetTokenizer
+
+    out = tmp_path / "run"
+    saved: list[Path] = []
+    original = FolnetTokenizer.save
+
+    def counting(self, directory):
+        saved.append(Path(directory))
+        return original(self, directory)
+
+    monkeypatch.setattr(FolnetTokenizer, "save", counting)
+    assert main(tiny_run(out)) == 0
+    assert saved.count(out / "tokenizer") == 1
+    assert json.loads((out / "tokenizer" / "tokenizer_config.json").read_text())[
+        "model_max_length"] > 0
 
 
 def test_mixed_precision_and_activation_checkpointing_run(tmp_path):

@@ -26,6 +26,7 @@ from tokenizers import (
 )
 
 from folnet.errors import FolnetError, choices
+from folnet.io import atomic_write, atomic_write_text
 from folnet.train.data.alphabet import bounded_alphabet
 from folnet.train.data.checks import first_undecodable_line
 
@@ -146,10 +147,10 @@ class FolnetTokenizer:
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self._tok.save(str(directory / "tokenizer.json"))
-        (directory / "vocab.txt").write_text(
-            "".join(tok + "\n" for tok in self.vocab()), encoding="utf-8"
-        )
+        # each file atomically: another process (a DDP rank, a from_pretrained) that reads the
+        # directory while it is rewritten sees the old file or the new one, never half of one
+        atomic_write(directory / "tokenizer.json", lambda tmp: self._tok.save(str(tmp)))
+        atomic_write_text(directory / "vocab.txt", "".join(tok + "\n" for tok in self.vocab()))
         specials = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
                             SPECIAL_TOKENS, strict=True))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
@@ -158,7 +159,7 @@ class FolnetTokenizer:
                   "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
         for name, payload in (("tokenizer_config.json", config),
                               ("special_tokens_map.json", specials)):
-            (directory / name).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+            atomic_write_text(directory / name, json.dumps(payload, indent=2) + "\n")
         return directory
 
     @property

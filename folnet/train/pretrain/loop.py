@@ -215,8 +215,8 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
     torch.manual_seed(config.seed)
 
     tokenizer = run_tokenizer(config, out, start.tokenizer_from, ctx)
-    if ctx.is_main:
-        tokenizer.save(out / "tokenizer")
+    if ctx.is_main and (start.tokenizer_from is not None or config.tokenizer is not None):
+        tokenizer.save(out / "tokenizer")  # a trained one is there already: other ranks read it
     dataset, data_config = run_dataset(config, tokenizer, out, ctx)
     collator = PretrainingCollator.from_config(tokenizer, data_config)
     model = build_model(config.ops, preset=config.preset, head="pretraining",
