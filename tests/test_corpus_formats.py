@@ -10,10 +10,8 @@ import importlib.util
 import json
 import lzma
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from runs import kill_at_first_checkpoint
 
 from folnet.errors import FolnetError
 from folnet.train.data.config import PretrainDataConfig
@@ -176,14 +176,7 @@ def test_streamed_run_killed_and_resumed_matches_an_uninterrupted_one(tmp_path, 
     steps = 15
     reference = launch(run_args(tmp_path / "ref", data, tokenizer, steps))
     victim = launch(run_args(tmp_path / "run", data, tokenizer, steps))
-    root = tmp_path / "run" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not (root.is_dir() and any(p.name.startswith("step_") for p in root.iterdir())):
-        assert victim.poll() is None, victim.stdout.read().decode()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    assert victim.wait() == -signal.SIGKILL
+    kill_at_first_checkpoint(victim, tmp_path / "run")
     assert not (tmp_path / "run" / "final").exists(), "the run finished before the kill"
     assert ckpt.list_checkpoints(tmp_path / "run")[-1][0] < steps
     assert reference.wait() == 0, reference.stdout.read().decode()

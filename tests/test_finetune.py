@@ -15,12 +15,10 @@ import statistics
 from pathlib import Path
 
 import pytest
-import torch
+from runs import tiny_pretrained_run, write
 
-import folnet
-import folnet.train.finetune.cli  # registers the finetune and evaluate commands
 from folnet.cli import main
-from folnet.train.data.tokenizer import load_tokenizer, train_tokenizer
+from folnet.train.data.tokenizer import load_tokenizer
 from folnet.train.engine.runlog import read_log
 from folnet.train.finetune.evaluate import read_predictions
 
@@ -38,21 +36,8 @@ FAST = ["--epochs", "1", "--batch-size", "4", "--no-progress", "--no-tensorboard
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A pretraining run directory: RUN/final holds a tiny model and its tokenizer."""
-    run = tmp_path_factory.mktemp("pretrain")
     texts = [*PREMISES, "how is anna related to tom ? who is she ?", "true false unknown"]
-    tokenizer = train_tokenizer(texts=texts * 4, vocab_size=160)
-    torch.manual_seed(0)
-    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", L=1,
-                               vocab_size=tokenizer.vocab_size)
-    model.save_pretrained(run / "final", {"step": 0})
-    tokenizer.save(run / "final")
-    return run
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return tiny_pretrained_run(tmp_path_factory.mktemp("pretrain"), texts, vocab_size=160)
 
 
 def tsv(rows: list[list[str]]) -> str:

@@ -21,13 +21,11 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from runs import tiny_pretrained_run, write
 from safetensors.torch import load_file
 
-import folnet
-import folnet.train.finetune.cli  # registers the finetune and evaluate commands
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.train.data.tokenizer import train_tokenizer
 from folnet.train.finetune.evaluate import read_predictions
 from folnet.train.tasks import read_split
 
@@ -60,21 +58,9 @@ def quiet_datasets():
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A pretraining run directory: RUN/final holds a tiny model and its tokenizer."""
-    run = tmp_path_factory.mktemp("pretrain")
     texts = [" ".join(SUBJECTS + VERBS + OBJECTS), "where did who what does eat sit ?"]
-    tokenizer = train_tokenizer(texts=texts * 8, vocab_size=200)
-    torch.manual_seed(0)
-    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", L=1,
-                               vocab_size=tokenizer.vocab_size)
-    model.save_pretrained(run / "final", {"step": 0})
-    tokenizer.save(run / "final")
-    return run
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return tiny_pretrained_run(tmp_path_factory.mktemp("pretrain"), texts, vocab_size=200,
+                               repeat=8)
 
 
 def dataset(rows: list[dict], features: datasets.Features | None = None) -> datasets.Dataset:

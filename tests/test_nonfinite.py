@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import tiny_pretrained_run
 from safetensors.torch import load_file
 from torch import nn
 
@@ -229,15 +230,9 @@ def test_non_finite_weights_are_never_written(tmp_path):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny pretraining run directory (RUN/final) and a few rows of RTE."""
-    run = tmp_path_factory.mktemp("pretrain")
     texts = ["the cat sat on the mat", "a dog runs in the park", "it rains in the city",
              "the man reads a book"]
-    tokenizer = train_tokenizer(texts=texts * 4, vocab_size=120)
-    torch.manual_seed(0)
-    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", L=1,
-                               vocab_size=tokenizer.vocab_size)
-    model.save_pretrained(run / "final", {"step": 0})
-    tokenizer.save(run / "final")
+    run = tiny_pretrained_run(tmp_path_factory.mktemp("pretrain"), texts, vocab_size=120)
     rows = ["index\tsentence1\tsentence2\tlabel"] + [
         f"{i}\t{texts[i % 4]}\t{texts[(i + 1) % 4]}\t{('entailment', 'not_entailment')[i % 2]}"
         for i in range(16)]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import cli_error
 
 import folnet
 from folnet.cli import main
@@ -135,24 +136,16 @@ def test_mixed_precision_and_activation_checkpointing_run(tmp_path):
 # -- bad input ---------------------------------------------------------------------------------
 
 
-def run_error(capsys, args: list[str]) -> str:
-    capsys.readouterr()
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("folnet pretrain: error:")
-    return err
-
-
 def test_missing_and_empty_data_paths(tmp_path, capsys):
     missing = tmp_path / "nowhere.txt"
     args = tiny_run(tmp_path / "a")
     args[args.index("kinship")] = str(missing)
-    err = run_error(capsys, args)
+    err = cli_error(capsys, args)
     assert "--data" in err and str(missing) in err and "does not exist" in err
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     args[args.index(str(missing))] = str(empty)
-    err = run_error(capsys, args)
+    err = cli_error(capsys, args)
     assert str(empty) in err and "empty" in err
 
 
@@ -161,14 +154,14 @@ def test_corpus_without_a_usable_document(tmp_path, capsys):
     corpus.write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(30)))
     args = tiny_run(tmp_path / "a")
     args[args.index("kinship")] = str(corpus)
-    err = run_error(capsys, args)
+    err = cli_error(capsys, args)
     assert "--data" in err and str(corpus) in err and "no usable document" in err
 
 
 def test_tokenizer_without_special_tokens(tmp_path, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a", "is"]) + "\n")
-    err = run_error(capsys, [*tiny_run(tmp_path / "a"), "--tokenizer", str(vocab)])
+    err = cli_error(capsys, [*tiny_run(tmp_path / "a"), "--tokenizer", str(vocab)])
     assert "--tokenizer" in err and str(vocab) in err and "[MASK]" in err
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from runs import kill_at_first_checkpoint
 from safetensors.torch import load_file
 
 import folnet
@@ -62,14 +61,8 @@ def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, 
     reference = launch(run_args(tmp_path / "ref", kin_tokenizer, steps))
     # The victim: killed with SIGKILL as soon as its first checkpoint is complete.
     victim = launch(run_args(tmp_path / "run", kin_tokenizer, steps))
+    kill_at_first_checkpoint(victim, tmp_path / "run")
     root = tmp_path / "run" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not (root.is_dir() and any(p.name.startswith("step_") for p in root.iterdir())):
-        assert victim.poll() is None, victim.stdout.read().decode()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    assert victim.wait() == -signal.SIGKILL
     assert not (tmp_path / "run" / "final").exists(), "the run finished before the kill"
     killed_at = ckpt.list_checkpoints(tmp_path / "run")[-1][0]
     assert killed_at < steps

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import cli_error
 from safetensors.torch import load_file
 
 from folnet.cli import main
@@ -69,14 +70,6 @@ def snapshot(directory: Path) -> dict[str, int]:
             if p.is_file() and p.name != ".lock"}
 
 
-def error_of(capsys, args: list[str]) -> str:
-    capsys.readouterr()
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("folnet pretrain: error:")
-    return err
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, kin_tokenizer) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
@@ -124,10 +117,10 @@ def test_a_finished_run_continues_to_more_steps_on_a_recomputed_schedule(
 def test_a_resume_still_refuses_other_options_and_fewer_steps_than_reached(
         finished_run, kin_tokenizer, capsys):
     untouched = snapshot(finished_run)
-    err = error_of(capsys, run_args(finished_run, 80, "--tokenizer", kin_tokenizer, "--resume",
+    err = cli_error(capsys, run_args(finished_run, 80, "--tokenizer", kin_tokenizer, "--resume",
                                     "--lr", "0.001"))
     assert "--lr (checkpoint: 0.02, now: 0.001)" in err and "--steps" not in err
-    err = error_of(capsys, run_args(finished_run, 59, "--tokenizer", kin_tokenizer, "--resume"))
+    err = cli_error(capsys, run_args(finished_run, 59, "--tokenizer", kin_tokenizer, "--resume"))
     assert "--steps 59" in err and "60 steps" in err and "step_60" in err
     assert snapshot(finished_run) == untouched  # refused before anything was written
 
@@ -196,17 +189,17 @@ def test_init_from_starts_a_new_run_from_the_weights_of_a_run(tmp_path, finished
 def test_init_from_refusals_name_the_options(tmp_path, finished_run, capsys):
     out = tmp_path / "new"
     init = ["--init-from", str(finished_run)]
-    err = error_of(capsys, run_args(out, 3, *init, "--resume"))
+    err = cli_error(capsys, run_args(out, 3, *init, "--resume"))
     assert "--init-from" in err and "--resume" in err
-    err = error_of(capsys, run_args(out, 3, *init, "--model", "D2=8"))
+    err = cli_error(capsys, run_args(out, 3, *init, "--model", "D2=8"))
     assert "--model D2=8" in err and "D2=16" in err
-    err = error_of(capsys, run_args(out, 3, "--init-from", str(tmp_path / "nowhere")))
+    err = cli_error(capsys, run_args(out, 3, "--init-from", str(tmp_path / "nowhere")))
     assert "--init-from" in err and "does not exist" in err
     from folnet.train.data.tokenizer import train_tokenizer
 
     other = tmp_path / "other-tok"
     train_tokenizer(texts=["alice is the mother of bob"] * 4, vocab_size=60).save(other)
-    err = error_of(capsys, run_args(out, 3, *init, "--tokenizer", str(other)))
+    err = cli_error(capsys, run_args(out, 3, *init, "--tokenizer", str(other)))
     assert "--tokenizer" in err and "fingerprint" in err
     assert not out.exists()  # every refusal came before the run wrote anything
 

@@ -160,20 +160,21 @@ def resolve_sources(source: CorpusSource) -> list[Part]:
 # -- reading -------------------------------------------------------------------------------------
 
 
-def _datasets() -> Any:
-    """`datasets`, offline: a corpus is always local and nothing may be fetched."""
+def import_datasets(reading: str = "reading a corpus file") -> Any:
+    """`datasets`, offline (data here is always local and nothing may be fetched); without the
+    package, a `FolnetError` saying what needed it (``reading``) and the extra to install."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import datasets
     except ImportError:
-        raise FolnetError("reading a corpus file needs the `datasets` package: "
+        raise FolnetError(f"{reading} needs the `datasets` package: "
                           "pip install 'folnet[train]'") from None
     return datasets
 
 
 def _saved_split(path: Path) -> Any:
     """The dataset of a ``save_to_disk`` folder; a DatasetDict contributes its train split."""
-    datasets = _datasets()
+    datasets = import_datasets()
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if "train" in loaded:
@@ -221,7 +222,7 @@ def _values(kind: str, path: Path, column: str, encoding: str) -> Iterator[Any]:
     options: dict[str, Any] = {"sample_by": "paragraph"} if kind == "text" else {}
     if kind in ("text", "json", "csv"):
         options["encoding"] = encoding
-    stream = _datasets().load_dataset(kind, data_files=[str(path)], split="train",
+    stream = import_datasets().load_dataset(kind, data_files=[str(path)], split="train",
                                       streaming=True, **options)
     for record in stream:
         if column not in record:

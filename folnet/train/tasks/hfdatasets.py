@@ -23,7 +23,6 @@ any training. `datasets` is imported only here, and only when such a split is re
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError
-from folnet.train.data.sources import FORMATS, is_saved_dataset
+from folnet.train.data.sources import FORMATS, import_datasets, is_saved_dataset
 from folnet.train.tasks.base import TaskSpec, missing_split, split_dirs, split_file_candidates
 
 __all__ = ["BUILDERS", "Published", "RowSource", "RowTable", "find_rows",
@@ -165,17 +164,6 @@ def locate_split(task: TaskSpec, data_dir: str | Path, split: str,
     return found
 
 
-def _datasets(source: RowSource) -> Any:
-    """The `datasets` module, offline: finetuning never fetches anything."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    try:
-        import datasets
-    except ImportError:
-        raise FolnetError(f"reading {source.describe()} needs the `datasets` package "
-                          "(pip install 'folnet[train]')") from None
-    return datasets
-
-
 @contextlib.contextmanager
 def _quiet(datasets: Any) -> Iterator[None]:
     """No progress bars while reading (a finetuning run has its own output); the caller's
@@ -210,7 +198,7 @@ def read_rows(source: RowSource, published: Published, split: str) -> RowTable:
     Data files are converted into a temporary cache that is gone when this returns (the rows
     are materialised first), so reading leaves nothing in the user's `datasets` cache.
     """
-    datasets = _datasets(source)
+    datasets = import_datasets(f"reading {source.describe()}")
     try:
         with _quiet(datasets):
             if source.builder == "saved":
