@@ -28,9 +28,11 @@ def test_shipped_plans_load():
     assert [r.ops for r in table3.rows][-3:] == ["jmc.atp", "jmc.atp", "jmc.atp"]
     assert table3.rows[0].position == "ape" and table3.rows[2].position == "rpe*"
     assert table3.rows[-1].loss == "MLM.SOP"
-    demo = load_plan("demo")
-    assert [r.ops for r in demo.rows][:4] == ["j.a", "j.at", "j.atp", "jmc.atp"]
-    assert [r.D2 for r in demo.rows if r.ops == "jmc.atp"] == [None, 4, 16]  # a D2 sweep
+    demo = load_plan("demo")  # the paper's Table 3 order, then a row without positions
+    assert [r.ops for r in demo.rows][:5] == ["j.a", "j.at", "j.atp", "jm.atp", "jmc.atp"]
+    assert demo.rows[5].position == "none" and demo.seeds >= 3
+    stories = load_plan("stories")  # pretraining on the English stories stays available
+    assert stories.data == "kinship" and stories.tasks == ("kinship",)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,7 @@ def test_shipped_plans_load():
         ({"tasks": ["glue/nope"]}, r"task 'glue/nope'"),
         ({"pretrain": {"preset": "tiny", "steps": 0}}, r"--steps must be >= 1"),
         ({"pretrain": {"preset": "tiny", "ops": "j.a"}}, r"must not set 'ops'"),
+        ({"finetune": {"seeds": 3}}, r"\[finetune\] must not set 'seeds'.*whole rows"),
         ({"pretrain": {"preset": "tiny", "lr_peak": 1}}, r"unknown option\(s\) \['lr_peak'\]"),
     ],
 )

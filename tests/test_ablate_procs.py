@@ -125,7 +125,8 @@ def _rows_pretraining(out: Path, steps: int = 2) -> bool:
     """Both rows have a live process that has said it pretrains and logged ``steps`` steps."""
     return (sorted(_row_procs(out).values()) == sorted(ROWS)
             and all(b"pretraining j.a" in _read(out / f"{r}.log") for r in ROWS)
-            and all(_lines(out / "rows" / r / "pretrain" / "log.jsonl") >= steps for r in ROWS))
+            and all(_lines(out / "rows" / r / "seed_0" / "pretrain" / "log.jsonl") >= steps
+                    for r in ROWS))
 
 
 def _read(path: Path) -> bytes:
@@ -204,7 +205,7 @@ def test_a_row_held_by_a_live_process_is_not_started_again_in_parallel(tmp_path)
             timeout=120, stdin=subprocess.DEVNULL)
     printed = proc.stdout + proc.stderr
     assert f"row 'first' is still running (pid {os.getpid()})" in printed, printed
-    assert not (out / "rows" / "first" / "pretrain").exists(), "the held row was started"
+    assert not (out / "rows" / "first" / "seed_0").exists(), "the held row was started"
     assert (out / "rows" / "second" / "result.json").is_file(), printed
     assert proc.returncode == 2, printed  # incomplete: the error names the running row
     assert "still running" in proc.stderr.strip().splitlines()[-1]
@@ -218,7 +219,7 @@ def test_a_row_held_by_a_live_process_is_not_started_again_in_sequence(tmp_path,
                          "--no-progress", "--no-report"])
     captured = capsys.readouterr()
     assert f"row 'first' is still running (pid {os.getpid()})" in captured.out + captured.err
-    assert not (out / "rows" / "first" / "pretrain").exists(), "the held row was started"
+    assert not (out / "rows" / "first" / "seed_0").exists(), "the held row was started"
     assert code == 2
 
 

@@ -54,13 +54,14 @@ def tsv(*rows: tuple[str, ...]) -> str:
 def test_registry_table() -> None:
     assert list(TASKS) == [
         "glue/mnli", "glue/qqp", "glue/qnli", "glue/sst2", "glue/cola", "glue/stsb",
-        "glue/mrpc", "glue/rte", "squad2", "folio", "clutrr", "kinship",
+        "glue/mrpc", "glue/rte", "squad2", "folio", "clutrr", "kinship", "kinship/symbolic",
     ]  # fmt: skip
-    # every task is read, encoded and scored by its registered family; only kinship's is
+    # every task is read, encoded and scored by its registered family; only the kinship ones are
     # generated (no data directory)
     assert {name: family_of(name).name for name in TASKS} == {
         name: name.split("/")[0] for name in TASKS}
-    assert [name for name in TASKS if family_of(name).generated] == ["kinship"]
+    assert [name for name in TASKS if family_of(name).generated] == ["kinship",
+                                                                     "kinship/symbolic"]
     assert family_of("squad2").official is not None and family_of("glue/rte").official is None
     mnli = get_task("glue/mnli")
     assert mnli.eval_splits == ("validation_matched", "validation_mismatched")

@@ -19,8 +19,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="pretraining steps per row (default: the plan's)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
-                   help="finetuning seeds per task (default: the plan's)")
-    p.add_argument("--data", default=None, help="pretraining corpus: a path or 'kinship' "
+                   help="seeds per row, each a whole pretrain + finetune run (default: the "
+                   "plan's)")
+    p.add_argument("--data", default=None, help="pretraining corpus: a path, 'kinship' or "
+                   "'kinship-symbolic' "
                    "(default: the plan's)")
     p.add_argument("--tasks", default=None, help="comma-separated downstream tasks (default: "
                    "the plan's)")

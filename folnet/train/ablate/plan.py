@@ -4,9 +4,9 @@ loss), like the paper's Table 3, parsed and validated before anything trains.
 A plan::
 
     name = "demo"
-    data = "kinship"                 # pretraining corpus: a path or "kinship"
+    data = "kinship"                 # pretraining corpus: a path, "kinship", "kinship-symbolic"
     tasks = ["kinship"]              # downstream tasks (folnet finetune names)
-    seeds = 1                        # finetuning seeds per task (median reported)
+    seeds = 3                        # runs per row (pretraining + finetuning), seeds 0, 1, 2
 
     [pretrain]                       # folnet pretrain options shared by every row
     preset = "tiny"
@@ -38,7 +38,7 @@ from typing import Any
 
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
-from folnet.train.data.documents import KINSHIP
+from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.options import read_toml, specs_file
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import family_of, get_task
@@ -148,6 +148,10 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     finetune = data.get("finetune", {})
     if not isinstance(finetune, Mapping):
         raise FolnetError(f"{source}: [finetune] must be a table")
+    for key in ("task", "data", "checkpoint", "out", "seeds"):
+        if key in finetune:
+            raise FolnetError(f"{source}: [finetune] must not set {key!r}; the plan sets it "
+                              f"(the plan's 'seeds' runs whole rows, pretraining included)")
     rows_raw = data.get("rows")
     if not rows_raw:
         raise FolnetError(f"{source}: the plan has no [[rows]]")
@@ -159,7 +163,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
                               f"{seen[row.slug] + 1}; give each row a unique 'name'")
         seen[row.slug] = i
     plan_data = overrides.get("data") or data.get("data", KINSHIP)
-    if plan_data != KINSHIP and not Path(plan_data).exists():
+    if plan_data not in EMBEDDED and not Path(plan_data).exists():
         raise FolnetError(f"plan {name!r}: data path {plan_data!r} does not exist (every row "
                           f"pretrains on it)")
     tasks = tuple(overrides.get("tasks") or data.get("tasks", ("kinship",)))

@@ -1,4 +1,9 @@
-"""Turn finished ablation rows into results.md, results.csv, results.json and a PNG plot."""
+"""Turn row summaries (`folnet.train.ablate.summary`) into results.md, results.csv,
+results.json and results.png.
+
+Every metric is reported as mean ± seed std with its 95% bootstrap interval; under the table
+the report says in words which differences between rows exceed their spread and which do not.
+"""
 
 from __future__ import annotations
 
@@ -8,135 +13,190 @@ import json
 from pathlib import Path
 from typing import Any
 
-from folnet.io import atomic_write, atomic_write_json, atomic_write_text
+from folnet.io import atomic_write_json, atomic_write_text
+from folnet.train.ablate.figure import plot
+from folnet.train.ablate.summary import compare_rows
+
+__all__ = ["csv_text", "markdown_table", "metric_columns", "per_k", "read_rows",
+           "significance_text", "write_reports"]
+
+#: The metrics whose pairwise differences the report spells out (when a task has them).
+COMPARED = ("accuracy_seen", "accuracy_unseen")
 
 
-def _fmt(value: Any, spec: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return format(value, spec or ".3f")
-    return str(value)
-
-
-def _per_k(name: str) -> bool:
+def per_k(name: str) -> bool:
+    """Whether a metric is one chain length's accuracy (``accuracy_k7``)."""
     return "_k" in name and name.rsplit("_k", 1)[1].isdigit()
 
 
-def metric_columns(rows: list[dict[str, Any]], *, per_k: bool = False) -> list[tuple[str, str]]:
-    """(task, metric) pairs in first-seen order: the headline metrics, or (``per_k``) the
-    per-chain-length ones of the kinship task."""
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def _spread(s: dict[str, Any] | None, spec: str = ".3f", interval: bool = True) -> str:
+    """``mean ± std [low, high]`` of a summary's spread."""
+    if not s:
+        return "-"
+    text = f"{format(s['mean'], spec)} ± {format(s['std'], spec)}"
+    if interval:
+        text += f" [{format(s['low'], spec)}, {format(s['high'], spec)}]"
+    return text
+
+
+def metric_columns(rows: list[dict[str, Any]], *, by_k: bool = False) -> list[tuple[str, str]]:
+    """(task, metric) pairs in first-seen order: the headline metrics, or (``by_k``) the
+    per-chain-length ones of the kinship tasks, by k."""
     seen: list[tuple[str, str]] = []
     for row in rows:
         for task, metrics in row.get("metrics", {}).items():
             for name in metrics:
-                if _per_k(name) == per_k and (task, name) not in seen:
+                if per_k(name) == by_k and (task, name) not in seen:
                     seen.append((task, name))
-    if per_k:
+    if by_k:
         seen.sort(key=lambda tn: (tn[0], int(tn[1].rsplit("_k", 1)[1])))
     return seen
 
 
+def _baselines(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    return {(t, n): v for r in rows for t, b in r.get("baselines", {}).items()
+            for n, v in b.items()}
+
+
+def significance_text(rows: list[dict[str, Any]]) -> str:
+    """Which differences between rows exceed their spread, in words."""
+    lines: list[str] = []
+    for task, metric in _compared(rows):
+        diffs = compare_rows(rows, task, metric)
+        if not diffs:
+            continue
+        real = sorted((d for d in diffs if d.real), key=lambda d: -d.diff)
+        lines.append(f"**{task} {metric}** ({len(diffs)} pair(s) of rows compared):")
+        for d in real:
+            lines.append(f"- {d.better} is above {d.worse} by {d.diff:+.3f} (95% interval "
+                         f"[{d.low:+.3f}, {d.high:+.3f}]): beyond the spread.")
+        if len(real) < len(diffs):
+            close = [d for d in diffs if not d.real]
+            pairs = "; ".join(f"{d.better} vs {d.worse} ({d.diff:+.3f}, [{d.low:+.3f}, "
+                              f"{d.high:+.3f}])" for d in close)
+            lines.append(f"- within the spread (the interval of the difference holds 0), so "
+                         f"not a finding: {pairs}.")
+        if not real:
+            lines.append("- no difference between rows exceeds the spread.")
+        lines.append("")
+    lines += _against_majority(rows)
+    if not lines:
+        return ""
+    seeds = sorted({r.get("num_seeds", 1) for r in rows})
+    head = ("Differences between rows: the 95% interval of each difference comes from a "
+            "bootstrap over seeds and test questions (rows resampled independently; pairs not "
+            f"corrected for multiple comparisons); {'/'.join(map(str, seeds))} seed(s) per row.")
+    if seeds == [1]:
+        head += " With one seed per row only the question-level noise is counted."
+    return head + "\n\n" + "\n".join(lines)
+
+
+def _against_majority(rows: list[dict[str, Any]]) -> list[str]:
+    """How far each row is above the majority class on the compared metrics, in standard
+    errors (the 95% interval's half-width / 1.96)."""
+    baselines = _baselines(rows)
+    lines = []
+    for task, metric in _compared(rows):
+        majority = baselines.get((task, metric.replace("accuracy", "majority_baseline")))
+        if majority is None:
+            continue
+        parts = []
+        for r in rows:
+            s = r.get("metrics", {}).get(task, {}).get(metric)
+            if s is None:
+                continue
+            se = (s["high"] - s["low"]) / (2 * 1.96)
+            z = (s["mean"] - majority) / se if se > 0 else float("inf")
+            parts.append(f"{r['name']} {z:.0f} SE" if z != float("inf") else
+                         f"{r['name']} (no spread)")
+        if parts:
+            lines.append(f"Above the majority class ({majority:.3f}) on {task} {metric}: "
+                         + ", ".join(parts) + ".")
+    return lines + ([""] if lines else [])
+
+
+def _compared(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The (task, metric) pairs the report compares: `COMPARED` where a task has them, else
+    the task's first (headline) metric."""
+    columns = metric_columns(rows)
+    out = []
+    for task in dict.fromkeys(t for t, _ in columns):
+        names = [n for t, n in columns if t == task]
+        out += [(task, n) for n in (([n for n in names if n in COMPARED]) or names[:1])]
+    return out
+
+
 def markdown_table(rows: list[dict[str, Any]], *, title: str = "") -> str:
-    """The Table 3-like table, then (for the kinship task) accuracy per chain length."""
+    """The Table 3-like table (mean ± std [95% interval] over seeds), the accuracy per chain
+    length for the kinship tasks, and which differences are real."""
     metrics = metric_columns(rows)
     papers = sorted({k for r in rows for k in r.get("paper", {})})
-    head = ["#", "Model", "Params", "PE", "D2", "Loss", "FLOPs/token", "tokens/s", "MLM loss"]
+    head = ["#", "Model", "Params", "PE", "D2", "Loss", "Seeds", "FLOPs/token", "tokens/s",
+            "MLM loss"]
     head += [f"{task} {name}" for task, name in metrics]
     head += [f"paper {k}" for k in papers]
-    lines = []
-    if title:
-        lines += [f"### {title}", ""]
+    lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(rows, 1):
+        tps = r.get("tokens_per_s")
         cells = [str(i), f"FOLNet: {r['ops']}", f"{r['params'] / 1e6:.2f}M",
-                 r["position"].upper(), str(r["D2"]), r["loss"],
-                 f"{r['flops_per_token'] / 1e6:.1f}M", _fmt(r.get("tokens_per_s"), ".0f"),
-                 _fmt(r.get("mlm_loss"))]
-        cells += [_fmt(r.get("metrics", {}).get(t, {}).get(n)) for t, n in metrics]
+                 r["position"].upper(), str(r["D2"]), r["loss"], str(r.get("num_seeds", 1)),
+                 f"{r['flops_per_token'] / 1e6:.1f}M", _fmt(tps["mean"] if tps else None, ".0f"),
+                 _spread(r.get("mlm_loss"), interval=False)]
+        cells += [_spread(r.get("metrics", {}).get(t, {}).get(n)) for t, n in metrics]
         cells += [_fmt(r.get("paper", {}).get(k)) for k in papers]
         lines.append("| " + " | ".join(cells) + " |")
-    baselines = {(t, n): v for r in rows for t, b in r.get("baselines", {}).items()
-                 for n, v in b.items()}
+    baselines = _baselines(rows)
     if baselines:
-        lines += ["", "Baselines: " + ", ".join(f"{t} {n} {v:.3f}" for (t, n), v in
-                                                 sorted(baselines.items()) if not _per_k(n))]
-    per_k = metric_columns(rows, per_k=True)
-    if per_k:
-        ks = [n.rsplit("_k", 1)[1] for _, n in per_k]
-        lines += ["", "Accuracy per chain length k (trained on the seen lengths):", "",
+        lines += ["", "Majority class on the same questions: " + ", ".join(
+            f"{t} {n} {v:.3f}" for (t, n), v in sorted(baselines.items()) if not per_k(n))]
+    by_k = metric_columns(rows, by_k=True)
+    if by_k:
+        ks = [n.rsplit("_k", 1)[1] for _, n in by_k]
+        lines += ["", "Accuracy per chain length k, mean ± seed std (trained on the seen "
+                  "lengths; intervals in results.csv and results.json):", "",
                   "| # | Model | " + " | ".join(f"k={k}" for k in ks) + " |",
                   "|" + "---|" * (len(ks) + 2)]
         for i, r in enumerate(rows, 1):
-            cells = [_fmt(r.get("metrics", {}).get(t, {}).get(n)) for t, n in per_k]
+            cells = [_spread(r.get("metrics", {}).get(t, {}).get(n), interval=False)
+                     for t, n in by_k]
             lines.append(f"| {i} | {r['name']} | " + " | ".join(cells) + " |")
         majority = [baselines.get((t, n.replace("accuracy", "majority_baseline")))
-                    for t, n in per_k]
+                    for t, n in by_k]
         if any(m is not None for m in majority):
-            lines.append("| - | majority class | " + " | ".join(_fmt(m) for m in majority) + " |")
-    return "\n".join(lines) + "\n"
+            lines.append("| - | majority class | " + " | ".join(_fmt(m) for m in majority)
+                         + " |")
+    words = significance_text(rows)
+    if words:
+        lines += ["", words]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def csv_text(rows: list[dict[str, Any]]) -> str:
-    metrics = metric_columns(rows)
-    fields = ["name", "ops", "position", "D2", "loss", "params", "flops_per_token",
-              "tokens_per_s", "mlm_loss", "pretrain_seconds", "finetune_seconds"]
+    """One line per row; every metric as mean, std, low and high columns."""
+    fields = ["name", "ops", "position", "D2", "loss", "num_seeds", "params",
+              "flops_per_token", "pretrain_seconds", "finetune_seconds"]
+    spreads = [("", "tokens_per_s"), ("", "mlm_loss")]
+    spreads += metric_columns(rows) + metric_columns(rows, by_k=True)
     buf = io.StringIO()
     writer = csv.writer(buf)
-    metrics = metrics + metric_columns(rows, per_k=True)
-    writer.writerow(fields + [f"{t}/{n}" for t, n in metrics])
+    writer.writerow(fields + [f"{t + '/' if t else ''}{n}/{part}" for t, n in spreads
+                              for part in ("mean", "std", "low", "high")])
     for r in rows:
-        writer.writerow([r.get(f) for f in fields]
-                        + [r.get("metrics", {}).get(t, {}).get(n) for t, n in metrics])
+        values = []
+        for t, n in spreads:
+            s = r.get(n) if not t else r.get("metrics", {}).get(t, {}).get(n)
+            values += [None if s is None else s[part] for part in ("mean", "std", "low", "high")]
+        writer.writerow([r.get(f) for f in fields] + values)
     return buf.getvalue()
-
-
-def plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
-    """Bars of every headline metric per row, and the pretraining loss curves."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is in the train extra
-        return None
-    metrics = metric_columns(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    names = [r["name"] for r in rows]
-    ax = axes[0]
-    width = 0.8 / max(1, len(metrics))
-    baselines = {(t, n.replace("majority_baseline", "accuracy")): v for r in rows
-                 for t, b in r.get("baselines", {}).items()
-                 for n, v in b.items() if not _per_k(n)}
-    labelled = False
-    for j, (task, name) in enumerate(metrics):
-        values = [r.get("metrics", {}).get(task, {}).get(name) or 0.0 for r in rows]
-        xs = [i + j * width for i in range(len(rows))]
-        ax.bar(xs, values, width=width, label=f"{task} {name}")
-        if (task, name) in baselines:
-            # the majority class on the same questions, as a dashed cap over each bar
-            ax.hlines([baselines[task, name]] * len(xs), [x - width / 2 for x in xs],
-                      [x + width / 2 for x in xs], colors="black", linestyles="--",
-                      linewidth=1, label=None if labelled else "majority class")
-            labelled = True
-    ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(rows))])
-    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-    ax.set_title("downstream metrics per row")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    for r in rows:
-        curve = r.get("loss_curve") or []
-        if curve:
-            ax.plot([p[0] for p in curve], [p[1] for p in curve], label=r["name"])
-    ax.set_xlabel("pretraining step")
-    ax.set_ylabel("MLM + NSP/SOP loss")
-    ax.set_title("pretraining loss")
-    ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
-    plt.close(fig)
-    return path
 
 
 def write_reports(rows: list[dict[str, Any]], out: Path, *, plan_name: str,

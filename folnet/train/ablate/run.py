@@ -3,14 +3,19 @@ and report a table like the paper's Table 3.
 
 Layout of ``OUT``::
 
-    OUT/plan.json                       the validated plan this directory belongs to
-    OUT/rows/<row>/pretrain/            a `folnet pretrain` run directory
-    OUT/rows/<row>/finetune/<task>/     a `folnet finetune` output directory
-    OUT/rows/<row>/result.json          written last: the row is finished
+    OUT/plan.json                               the validated plan this directory belongs to
+    OUT/rows/<row>/seed_<s>/pretrain/           a `folnet pretrain` run directory
+    OUT/rows/<row>/seed_<s>/finetune/<task>/    a `folnet finetune` output directory
+    OUT/rows/<row>/seed_<s>/result.json         written last: the seed is finished
+    OUT/rows/<row>/result.json                  every seed finished: the row's summary
     OUT/results.{md,csv,json,png}
 
-An interrupted run resumes: finished rows (result.json) are skipped, pretraining resumes from
-its latest checkpoint, a finished finetune (eval.json) is reused. ``jobs > 1`` runs rows in
+A seed covers the whole row: pretraining (``seed`` of `folnet pretrain`: initialisation, data
+order, masks) and finetuning (``seed`` of `folnet finetune`), on the same generated questions
+(``data_seed`` is shared), so that the report can bootstrap over seeds and questions
+(`folnet.train.ablate.summary`). An interrupted run resumes: finished rows and finished seeds
+(their result.json) are skipped, pretraining resumes from its latest checkpoint, a finished
+finetune (eval.json) is reused. ``jobs > 1`` runs rows in
 parallel processes (`folnet.train.ablate.parallel`), which end with the ablate however it ends.
 Whoever runs a row holds its lock (`folnet.train.ablate.rows`): a row that another live process
 is running is reported and not started again, and the run ends with an error naming it (the
@@ -36,8 +41,10 @@ from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
 from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
 from folnet.train.ablate.rows import RowBusy, claim_row, row_dir, running_message
+from folnet.train.ablate.summary import summarise_row
 from folnet.train.engine.runlog import read_log
 from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
+from folnet.train.finetune.evaluate import read_predictions
 from folnet.train.finetune.run import finetune
 from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
 from folnet.train.pretrain.loop import pretrain
@@ -47,21 +54,29 @@ def _task_slug(task: str) -> str:
     return task.replace("/", "-")
 
 
-def _pretrain_config(plan: AblationPlan, row: AblationRow, directory: Path,
+def seed_dir(out: Path, row: AblationRow, seed: int) -> Path:
+    """The directory of one seed of one row."""
+    return row_dir(out, row) / f"seed_{seed}"
+
+
+def _pretrain_config(plan: AblationPlan, row: AblationRow, directory: Path, seed: int,
                      progress: bool) -> PretrainConfig:
     shared = dict(plan.pretrain)
     model = {**dict(shared.pop("model", {})), **row.model_overrides}
     return load_pretrain_config(None, {
         **shared, "ops": row.ops, "data": plan.data, "objective": LOSSES[row.loss],
         "model": model, "out": str(directory / "pretrain"), "resume": "auto",
-        "progress": progress, "tensorboard": False})
+        "seed": int(shared.get("seed", 0)) + seed, "progress": progress,
+        "tensorboard": False})
 
 
-def _finetune_config(plan: AblationPlan, task: str, directory: Path,
+def _finetune_config(plan: AblationPlan, task: str, directory: Path, seed: int,
                      progress: bool) -> FinetuneConfig:
+    shared = dict(plan.finetune)
     return load_finetune_config(None, {
-        **dict(plan.finetune), "task": task, "data": dict(plan.task_data).get(task),
-        "checkpoint": str(directory / "pretrain"), "seeds": plan.seeds,
+        **shared, "task": task, "data": dict(plan.task_data).get(task),
+        "checkpoint": str(directory / "pretrain"), "seeds": 1,
+        "seed": int(shared.get("seed", 0)) + seed,
         "out": str(directory / "finetune" / _task_slug(task)), "overwrite": True,
         "progress": progress, "tensorboard": False})
 
@@ -107,51 +122,95 @@ def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dic
 
 def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Pretrain and finetune one row (resuming whatever is already done), holding the row's
-    lock meanwhile; raises `RowBusy` when another live process is running the row."""
+    """Pretrain and finetune one row with each of the plan's seeds (resuming whatever is
+    already done), holding the row's lock meanwhile; returns the row's summary. Raises
+    `RowBusy` when another live process is running the row."""
     done = row_dir(out, row) / "result.json"
     if done.is_file():
         log(f"[{row.name}] finished earlier: {done}")
-        return json.loads(done.read_text())
+        return _read_row(done, plan)
     with claim_row(out, row):
         if done.is_file():  # finished by the process that held the row a moment ago
             log(f"[{row.name}] finished earlier: {done}")
-            return json.loads(done.read_text())
-        return _run_claimed_row(plan, row, out, progress=progress, log=log)
+            return _read_row(done, plan)
+        seeds = [_run_seed(plan, row, out, seed, progress=progress, log=log)
+                 for seed in range(plan.seeds)]
+        summary = summarise_row(seeds)
+        atomic_write_json(done, summary)
+        return summary
 
 
-def _run_claimed_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool,
-                     log: Callable[[str], None]) -> dict[str, Any]:
-    directory = row_dir(out, row)
+def _read_row(path: Path, plan: AblationPlan) -> dict[str, Any]:
+    summary = json.loads(path.read_text())
+    if len(summary.get("seeds", ())) != plan.seeds:
+        raise FolnetError(f"{str(path)!r} was written by an earlier folnet (one pretraining per "
+                          f"row, no per-seed results); run the plan into a new --out")
+    return summary
+
+
+def _run_seed(plan: AblationPlan, row: AblationRow, out: Path, seed: int, *, progress: bool,
+              log: Callable[[str], None]) -> dict[str, Any]:
+    directory = seed_dir(out, row, seed)
     done = directory / "result.json"
-    pcfg = _pretrain_config(plan, row, directory, progress)
+    if done.is_file():
+        log(f"[{row.name}] seed {seed} finished earlier: {done}")
+        return json.loads(done.read_text())
+    pcfg = _pretrain_config(plan, row, directory, seed, progress)
     start = time.perf_counter()
     final = directory / "pretrain" / "final"
     if not (final / "config.json").is_file():
-        log(f"[{row.name}] pretraining {row.ops} ({pcfg.preset}, {pcfg.steps} steps)")
+        log(f"[{row.name}] seed {seed}: pretraining {row.ops} ({pcfg.preset}, {pcfg.steps} "
+            f"steps)")
         pretrain(pcfg)
     pretrain_seconds = time.perf_counter() - start
     cfg = ModelConfig.from_dict(read_metadata(final)["model"])
     result: dict[str, Any] = {
         **{k: v for k, v in asdict(row).items() if k != "paper"}, "paper": dict(row.paper),
-        "D2": cfg.D2, **_model_stats(cfg, pcfg.seq_len), **_pretrain_stats(directory / "pretrain"),
-        "pretrain_seconds": pretrain_seconds, "metrics": {}, "baselines": {}}
+        "seed": seed, "D2": cfg.D2, **_model_stats(cfg, pcfg.seq_len),
+        **_pretrain_stats(directory / "pretrain"), "pretrain_seconds": pretrain_seconds,
+        "metrics": {}, "baselines": {}, "answers": {}, "finetune_curves": {}}
     start = time.perf_counter()
     for task in plan.tasks:
-        fcfg = _finetune_config(plan, task, directory, progress)
+        fcfg = _finetune_config(plan, task, directory, seed, progress)
         eval_json = Path(fcfg.out) / "eval.json"
         if eval_json.is_file():
             payload = json.loads(eval_json.read_text())
         else:
-            log(f"[{row.name}] finetuning on {task}")
+            log(f"[{row.name}] seed {seed}: finetuning on {task}")
             payload = finetune(fcfg)
         metrics, baselines = _headline(task, payload)
         result["metrics"][task] = metrics
         result["baselines"][task] = baselines
+        answers = _answers(Path(fcfg.out), payload, fcfg.kinship_train_k)
+        if answers is not None:
+            result["answers"][task] = answers
+        result["finetune_curves"][task] = [
+            (r["step"], r["loss"])
+            for r in read_log(Path(fcfg.out) / f"seed_{fcfg.seed}" / "log.jsonl")
+            if "loss" in r and "step" in r]
     result["finetune_seconds"] = time.perf_counter() - start
     atomic_write_json(done, result)
-    log(f"[{row.name}] done in {pretrain_seconds + result['finetune_seconds']:.0f} s")
+    log(f"[{row.name}] seed {seed} done in "
+        f"{pretrain_seconds + result['finetune_seconds']:.0f} s")
     return result
+
+
+def _answers(directory: Path, payload: dict[str, Any],
+             train_k: Sequence[int]) -> dict[str, Any] | None:
+    """Which test questions the seed answered right (and each one's chain length, for the
+    kinship tasks), read from the headline split's prediction file: what the report's
+    bootstrap over questions resamples. None for tasks without per-question labels."""
+    path = directory / "predictions" / f"{payload.get('headline_split')}.tsv"
+    if not path.is_file():
+        return None
+    rows = read_predictions(path)
+    if not rows or "label" not in rows[0] or any(r["label"] == "" for r in rows):
+        return None
+    answers: dict[str, Any] = {"correct": [int(r["prediction"] == r["label"]) for r in rows]}
+    if "k" in rows[0]:
+        answers["k"] = [int(r["k"]) for r in rows]
+        answers["train_k"] = list(train_k)
+    return answers
 
 
 def _check_out(plan: AblationPlan, out: Path) -> None:
@@ -214,11 +273,12 @@ def _named(plan: AblationPlan, busy: dict[str, dict[str, object]]
 
 
 def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
-    finished = [json.loads((row_dir(out, r) / "result.json").read_text())
+    finished = [_read_row(row_dir(out, r) / "result.json", plan)
                 for r in plan.rows if (row_dir(out, r) / "result.json").is_file()]
     if not finished:  # every row failed or is running elsewhere: nothing to tabulate yet
         return {}
     header = (f"Plan `{plan.name}` ({plan.source}): {plan.description}\n\n"
               f"Pretraining: {dict(plan.pretrain)} on `{plan.data}`; tasks: "
-              f"{', '.join(plan.tasks)} ({plan.seeds} seed(s), median).")
+              f"{', '.join(plan.tasks)}; {plan.seeds} seed(s) per row, each covering "
+              f"pretraining and finetuning.")
     return write_reports(finished, out, plan_name=plan.name, header=header)

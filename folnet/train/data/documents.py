@@ -25,7 +25,9 @@ from folnet.errors import FolnetError
 from folnet.train.data import kinship
 from folnet.train.data.checks import canonical_encoding
 from folnet.train.data.sources import (
+    EMBEDDED,
     KINSHIP,
+    KINSHIP_SYMBOLIC,
     CorpusSource,
     Part,
     read_texts,
@@ -33,6 +35,7 @@ from folnet.train.data.sources import (
 )
 
 __all__ = [
+    "EMBEDDED",
     "KINSHIP",
     "MAX_SENTENCE_CHARS",
     "CorpusSource",
@@ -164,8 +167,13 @@ def _kinship_code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def _read_kinship(num_documents: int, seed: int) -> Iterator[list[str]]:
-    for document in kinship.pretraining_documents(num_documents, seed=seed):
+def _read_kinship(kind: str, num_documents: int, seed: int) -> Iterator[list[str]]:
+    if kind == KINSHIP_SYMBOLIC:  # the task's questions over the trained chain lengths
+        examples = kinship.reasoning_examples(num_documents, kinship.TRAIN_K, seed=seed)
+        documents = kinship.symbolic_documents(examples)
+    else:
+        documents = kinship.pretraining_documents(num_documents, seed=seed)
+    for document in documents:
         sentences = [" ".join(str(s).split()) for s in document]
         sentences = [s for s in sentences if s]
         if sentences:
@@ -189,8 +197,8 @@ def read_documents(parts: list[Part], *, kinship_documents: int = 2000, seed: in
     """`iter_documents` for parts already checked by `resolve_sources`; records whose text
     holds no sentence are skipped."""
     for kind, path in parts:
-        if path is None:  # only the kinship part has no path (resolve_sources)
-            yield from _read_kinship(kinship_documents, seed)
+        if path is None:  # only an embedded corpus has no path (resolve_sources)
+            yield from _read_kinship(kind, kinship_documents, seed)
             continue
         warned = False
         for text in read_texts(kind, path, text_column, encoding):

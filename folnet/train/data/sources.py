@@ -43,8 +43,10 @@ from folnet.train.data.checks import TextMeter, check_sample, is_utf8
 
 __all__ = [
     "COMPRESSIONS",
+    "EMBEDDED",
     "FORMATS",
     "KINSHIP",
+    "KINSHIP_SYMBOLIC",
     "SAVED",
     "CorpusSource",
     "Part",
@@ -55,6 +57,9 @@ __all__ = [
 ]
 
 KINSHIP = "kinship"
+KINSHIP_SYMBOLIC = "kinship-symbolic"
+#: the embedded corpora: named by a word instead of a path (`folnet.train.data.kinship`)
+EMBEDDED = (KINSHIP, KINSHIP_SYMBOLIC)
 SAVED = "saved"  # a `save_to_disk` folder
 #: file suffix -> the `datasets` builder that reads it
 FORMATS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv",
@@ -65,7 +70,8 @@ _COMPRESSIBLE = frozenset({"text", "json", "csv"})
 _GLOB_CHARS = frozenset("*?[")
 
 CorpusSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-#: one part of a corpus: (builder name, ``saved`` or ``kinship``; its path, None for kinship)
+#: one part of a corpus: (builder name, ``saved`` or an `EMBEDDED` name; its path, None for
+#: an embedded corpus)
 Part = tuple[str, Path | None]
 
 
@@ -84,7 +90,8 @@ def _supported(path: Path) -> bool:
 
 def _accepted() -> str:
     return (f"{choices(tuple(FORMATS))} (text formats also as "
-            f"{'/'.join(COMPRESSIONS)}), a `save_to_disk` folder, or {KINSHIP!r}")
+            f"{'/'.join(COMPRESSIONS)}), a `save_to_disk` folder, or "
+            f"{' or '.join(map(repr, EMBEDDED))}")
 
 
 def _format_of(path: Path) -> str:
@@ -121,8 +128,8 @@ def _folder_files(path: Path) -> list[Path]:
 
 
 def _resolve_one(item: str | os.PathLike[str]) -> list[Part]:
-    if isinstance(item, str) and item == KINSHIP:
-        return [(KINSHIP, None)]
+    if isinstance(item, str) and item in EMBEDDED:
+        return [(item, None)]
     text = os.fspath(item)
     path = Path(text).expanduser()
     if not path.exists() and _GLOB_CHARS & set(text):
@@ -196,7 +203,7 @@ def check_texts(parts: Sequence[Part], encoding: str = "utf-8") -> None:
     (its first MiB, `folnet.train.data.checks.check_sample`); cheap enough to run before a
     run writes anything."""
     for kind, path in parts:
-        if path is not None and kind not in (KINSHIP, SAVED):
+        if path is not None and kind != SAVED:
             _check_encoding_applies(kind, path, encoding)
             check_sample(kind, path, encoding)
 

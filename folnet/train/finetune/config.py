@@ -81,7 +81,8 @@ class Hyper:
 class FinetuneConfig(Options):
     """All options of a finetuning run (see the module docstring for precedence)."""
 
-    task: str | None = option(None, "glue/<task>, squad2, folio, clutrr or kinship")
+    task: str | None = option(None, "glue/<task>, squad2, folio, clutrr, kinship or "
+                                     "kinship/symbolic")
     data: str | None = option(None, "the task's data directory ('kinship' or none for kinship)")
     checkpoint: str | None = option(None, "pretrained run directory (uses final/) or checkpoint",
                                     flag="--from", metavar="CHECKPOINT")

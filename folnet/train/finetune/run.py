@@ -188,7 +188,8 @@ def _check_out(config: FinetuneConfig, out: Path) -> None:
 def finetune(config: FinetuneConfig) -> dict[str, Any]:
     """Run ``config`` (all seeds); returns the ``eval.json`` payload."""
     if config.task is None:
-        raise FolnetError("--task is required: glue/<task>, squad2, folio, clutrr or kinship")
+        raise FolnetError("--task is required: glue/<task>, squad2, folio, clutrr, kinship or "
+                          "kinship/symbolic")
     task = resolve_task(config.task)
     _selection_split(task, config)  # fail before reading anything
     if config.out is None:

@@ -60,8 +60,9 @@ class PretrainConfig(Options):
     preset: str = option("base", "model size preset: tiny, small, base or large")
     model: tuple[tuple[str, Any], ...] = option(
         (), "model overrides KEY=VALUE (D1, D2, L, ...)", parse=_model_overrides)
-    data: str = option("kinship", "corpus: a file, a folder, a glob, a save_to_disk folder, or "
-                       "'kinship' (.txt .json .jsonl .csv .parquet .arrow; .gz .bz2 .xz .zst)")
+    data: str = option("kinship", "corpus: a file, a folder, a glob, a save_to_disk folder, "
+                       "'kinship' or 'kinship-symbolic' (.txt .json .jsonl .csv .parquet .arrow; "
+                       ".gz .bz2 .xz .zst)")
     text_column: str = option("text", "the column that holds the text (json, csv, parquet, "
                               "arrow, saved datasets)")
     encoding: str = option("utf-8", "how text, JSON and CSV corpus files are decoded (e.g. "

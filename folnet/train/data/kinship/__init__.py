@@ -7,7 +7,9 @@ Needs no files or downloads, so every machine and every test sees exactly the sa
   (stated facts, derived facts such as "X is Y's grandmother" and some narrative filler) for
   ``--data kinship``;
 * `questions`: `reasoning_examples` and `systematic_split`, CLUTRR-style questions whose answer
-  is read off the tree (the task ``folnet finetune --task kinship`` trains on).
+  is read off the tree (the task ``folnet finetune --task kinship`` trains on);
+* `symbolic`: the same questions as entity and relation tokens (``--task kinship/symbolic``),
+  and pretraining documents made of them (``--data kinship-symbolic``).
 """
 
 from folnet.train.data.kinship.questions import (
@@ -22,9 +24,11 @@ from folnet.train.data.kinship.questions import (
     systematic_split,
 )
 from folnet.train.data.kinship.stories import FACT_TEMPLATES, pretraining_documents
+from folnet.train.data.kinship.symbolic import ENTITIES, symbolic, symbolic_documents
 from folnet.train.data.kinship.world import FEMALE_NAMES, MALE_NAMES, RELATIONS, relation_of
 
 __all__ = [
+    "ENTITIES",
     "FACT_TEMPLATES",
     "FEMALE_NAMES",
     "MALE_NAMES",
@@ -39,5 +43,7 @@ __all__ = [
     "pretraining_documents",
     "reasoning_examples",
     "relation_of",
+    "symbolic",
+    "symbolic_documents",
     "systematic_split",
 ]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from folnet.errors import FolnetError
-from folnet.train.data.kinship.stories import state_fact
+from folnet.train.data.kinship.stories import Fact, told_fact
 from folnet.train.data.kinship.world import (
     BASE_KINDS,
     KIND_WORDS,
@@ -53,7 +53,10 @@ class KinshipExample:
     """One question: ``story`` (k chain facts plus distractors, shuffled), ``query`` and answer.
 
     ``label`` answers the query "How is <second> related to <first>?": <second> is <first>'s
-    <label>. The chain of facts runs from ``first`` to ``second``.
+    <label>. The chain of facts runs from ``first`` to ``second``. ``facts`` holds what
+    ``story`` says as data, one (x, word, y, inverse) per sentence ("y is x's word, x is y's
+    inverse"), which the
+    symbolic rendering (`folnet.train.data.kinship.symbolic`) writes without templates.
     """
 
     story: str
@@ -62,6 +65,7 @@ class KinshipExample:
     k: int
     first: str
     second: str
+    facts: tuple[Fact, ...] = ()  # the story's facts as (x, word, y, inverse), in story order
 
 
 def _plan_for(k: int, distractors: int, wanted: str | None) -> TreePlan:
@@ -108,7 +112,7 @@ def _try_example(
         chain = chain_between(rng, tree, reach, b, k)
         if len(set(chain)) != k + 1 or relation_of(tree, a, b) != label:
             raise RuntimeError("kinship chain construction broke its own invariant")
-        facts = [state_fact(rng, tree, x, y) for x, y in itertools.pairwise(chain)]
+        facts = [told_fact(rng, tree, x, y) for x, y in itertools.pairwise(chain)]
         # Distractors hang new people off the story one at a time, so the stated facts stay a
         # tree and the chain remains the only route from first to second.
         told = set(chain)
@@ -119,11 +123,12 @@ def _try_example(
                 return None
             x, y = rng.choice(options)
             told.add(y)
-            facts.append(state_fact(rng, tree, x, y))
-        rng.shuffle(facts)
+            facts.append(told_fact(rng, tree, x, y))
+        rng.shuffle(facts)  # sentences and their triples move together
         first, second = tree.names[a], tree.names[b]
-        return KinshipExample(story=" ".join(facts), query=f"How is {second} related to {first}?",
-                              label=label, k=k, first=first, second=second)
+        return KinshipExample(story=" ".join(text for text, _ in facts),
+                              query=f"How is {second} related to {first}?", label=label, k=k,
+                              first=first, second=second, facts=tuple(t for _, t in facts))
     return None
 
 

@@ -25,7 +25,7 @@ from folnet.train.data.kinship.world import (
 )
 from folnet.train.options import check_count
 
-__all__ = ["FACT_TEMPLATES", "pretraining_documents", "state_fact"]
+__all__ = ["FACT_TEMPLATES", "Fact", "pretraining_documents", "state_fact", "told_fact"]
 
 # Fact templates: "{y} is {x}'s {rel}"; {inv} is x's word as seen from y, {xpos}/{ypos} are
 # his/her and {xobj}/{yobj} him/her. No template has a period other than its last character.
@@ -107,15 +107,27 @@ def _words(tree: FamilyTree, x: int, y: int, kind: str, inverse: str) -> dict[st
             "xobj": obj(x), "yobj": obj(y)}
 
 
-def state_fact(rng: random.Random, tree: FamilyTree, x: int, y: int) -> str:
-    """One directly related pair as a sentence, from either side and with a random template."""
+#: A stated fact as data: (x, word, y, inverse) says "y is x's <word>" and "x is y's
+#: <inverse>" (two names and the relation word from each side, which gives both genders).
+Fact = tuple[str, str, str, str]
+
+
+def told_fact(rng: random.Random, tree: FamilyTree, x: int, y: int) -> tuple[str, Fact]:
+    """One directly related pair as a sentence, from either side and with a random template,
+    and the same fact as data (x, word, y, inverse), read from the side the sentence took."""
     if rng.random() < 0.5:
         x, y = y, x
     kind = base_kind(tree, x, y)
     if kind is None:
         raise RuntimeError(f"{tree.names[x]} and {tree.names[y]} are not directly related")
     template = rng.choice(FACT_TEMPLATES[kind])
-    return template.format(**_words(tree, x, y, kind, INVERSE[kind]))
+    words = _words(tree, x, y, kind, INVERSE[kind])
+    return template.format(**words), (words["x"], words["rel"], words["y"], words["inv"])
+
+
+def state_fact(rng: random.Random, tree: FamilyTree, x: int, y: int) -> str:
+    """One directly related pair as a sentence (`told_fact` without the triple)."""
+    return told_fact(rng, tree, x, y)[0]
 
 
 def _state_derived(rng: random.Random, tree: FamilyTree, x: int, y: int, kind: str) -> str:

@@ -1,0 +1,132 @@
+"""results.png: the systematic-generalisation figure of an ablation, next to its loss curves.
+
+Left, for tasks scored per chain length (kinship): accuracy against k, one line per row with
+its 95% band (bootstrap over seeds and questions), the trained lengths shaded and the majority
+class dashed -- the paper's CLUTRR figure. Tasks without lengths get bars of their headline
+metrics with the same intervals. Middle and right: the pretraining and finetuning loss curves,
+mean over seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from folnet.io import atomic_write
+
+__all__ = ["plot"]
+
+
+def _k_of(name: str) -> int:
+    return int(name.rsplit("_k", 1)[1])
+
+
+def _per_k_metrics(rows: list[dict[str, Any]]) -> tuple[str, list[str]] | None:
+    """(task, its per-k metric names by k) of the first task scored per chain length."""
+    for row in rows:
+        for task, metrics in row.get("metrics", {}).items():
+            names = sorted((n for n in metrics if "_k" in n and n.rsplit("_k", 1)[1].isdigit()),
+                           key=_k_of)
+            if names:
+                return task, names
+    return None
+
+
+def _trained_k(rows: list[dict[str, Any]], task: str) -> list[int]:
+    for row in rows:
+        for seed in row.get("seeds", []):
+            answers = seed.get("answers", {}).get(task, {})
+            if answers.get("train_k"):
+                return list(answers["train_k"])
+    return []
+
+
+def _accuracy_by_k(ax: Any, rows: list[dict[str, Any]], task: str, names: list[str]) -> None:
+    ks = [_k_of(n) for n in names]
+    trained = _trained_k(rows, task)
+    for i, k in enumerate(trained):
+        ax.axvspan(k - 0.5, k + 0.5, color="0.88", zorder=0,
+                   label="trained lengths" if i == 0 else None)
+    for row in rows:
+        spreads = [row["metrics"].get(task, {}).get(n) for n in names]
+        points = [(k, s) for k, s in zip(ks, spreads, strict=True) if s]
+        if not points:
+            continue
+        xs = [k for k, _ in points]
+        line, = ax.plot(xs, [s["mean"] for _, s in points], marker="o", markersize=3,
+                        label=f"{row['name']} ({row.get('num_seeds', 1)} seeds)")
+        ax.fill_between(xs, [s["low"] for _, s in points], [s["high"] for _, s in points],
+                        color=line.get_color(), alpha=0.18, linewidth=0)
+    majority = [rows[0].get("baselines", {}).get(task, {}).get(
+        n.replace("accuracy", "majority_baseline")) for n in names]
+    if all(m is not None for m in majority):
+        ax.plot(ks, majority, color="black", linestyle="--", linewidth=1, label="majority class")
+    ax.set_xticks(ks)
+    ax.set_xlim(min(ks) - 0.5, max(ks) + 0.5)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel("chain length k (facts to compose)")
+    ax.set_ylabel(f"{task} test accuracy")
+    ax.set_title("systematic generalisation: mean and 95% band")
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def _bars(ax: Any, rows: list[dict[str, Any]]) -> None:
+    columns = [(t, n) for r in rows for t, ms in r.get("metrics", {}).items() for n in ms
+               if not ("_k" in n and n.rsplit("_k", 1)[1].isdigit())]
+    columns = list(dict.fromkeys(columns))
+    width = 0.8 / max(1, len(columns))
+    for j, (task, name) in enumerate(columns):
+        xs, means, errors = [], [], [[], []]
+        for i, row in enumerate(rows):
+            s = row.get("metrics", {}).get(task, {}).get(name)
+            if s:
+                xs.append(i + j * width)
+                means.append(s["mean"])
+                errors[0].append(s["mean"] - s["low"])
+                errors[1].append(s["high"] - s["mean"])
+        ax.bar(xs, means, width=width, yerr=errors, capsize=2, label=f"{task} {name}")
+    ax.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(rows))])
+    ax.set_xticklabels([r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_title("metrics per row: mean and 95% interval")
+    ax.legend(fontsize=7)
+
+
+def _curves(ax: Any, rows: list[dict[str, Any]], pick: Any, xlabel: str, title: str) -> None:
+    drawn = False
+    for row in rows:
+        curve = pick(row) or []
+        if curve:
+            ax.plot([p[0] for p in curve], [p[1] for p in curve], label=row["name"])
+            drawn = True
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("loss (mean over seeds)")
+    ax.set_title(title)
+    if drawn:
+        ax.legend(fontsize=7)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
+    """Write the figure to ``path`` (atomically); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the train extra
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    found = _per_k_metrics(rows)
+    if found is not None:
+        _accuracy_by_k(axes[0], rows, *found)
+    else:
+        _bars(axes[0], rows)
+    _curves(axes[1], rows, lambda r: r.get("loss_curve"), "pretraining step",
+            "pretraining loss (MLM + NSP/SOP)")
+    task = found[0] if found else next(iter(rows[0].get("metrics", {})), None)
+    _curves(axes[2], rows, lambda r: r.get("finetune_curves", {}).get(task),
+            "finetuning step", f"finetuning loss ({task})")
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
+    plt.close(fig)
+    return path
