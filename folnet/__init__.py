@@ -24,6 +24,7 @@ _EXPORTS = {
     "FolnetModel": "folnet.arch", "FolnetOutput": "folnet.arch", "ModelConfig": "folnet.arch",
     "build_model": "folnet.arch", "from_pretrained": "folnet.arch",
     "load_official": "folnet.arch", "save_pretrained": "folnet.arch",
+    "set_memory": "folnet.arch",
     "OperatorSpec": "folnet.ops", "compile_operator": "folnet.ops",
     "get_operator": "folnet.ops", "operators": "folnet.ops",
     "register_operator": "folnet.ops", "unregister_operator": "folnet.ops",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports th
         from_pretrained,
         load_official,
         save_pretrained,
+        set_memory,
     )
     from folnet.ops import (
         OperatorSpec,
@@ -66,6 +68,7 @@ __all__ = [
     "operators",
     "register_operator",
     "save_pretrained",
+    "set_memory",
     "unregister_operator",
 ]
 

@@ -273,3 +273,32 @@ def test_a_row_process_whose_ablate_is_already_gone_does_not_run(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"(pid {gone.pid}) is gone" in proc.stderr
     assert not (out / "rows").exists()
+
+
+def test_jobs_run_every_seed_and_a_resume_redoes_only_the_unfinished_seed(tmp_path):
+    out = tmp_path / "out"
+    plan = tmp_path / "seeds.toml"
+    plan.write_text(PLAN.replace("STEPS", "3").replace("seeds = 1", "seeds = 2"))
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "folnet", "ablate", str(plan), "--out", str(out), "--jobs",
+             "2", "--no-progress"], env=_env(), capture_output=True, text=True, timeout=300,
+            stdin=subprocess.DEVNULL)
+
+    proc = run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for row in ROWS:
+        assert all((out / "rows" / row / f"seed_{s}" / "result.json").is_file() for s in (0, 1))
+    kept = (out / "rows" / "second" / "seed_0" / "result.json").stat().st_mtime_ns
+    (out / "rows" / "second" / "result.json").unlink()
+    (out / "rows" / "second" / "seed_1" / "result.json").unlink()
+    proc = run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[first] finished earlier" in proc.stdout
+    log = _read(out / "second.log").decode()
+    resumed = log.rsplit("started again", 1)[1]
+    assert "[second] seed 0 finished earlier" in resumed
+    assert "[second] seed 1 done in" in resumed and "seed 0 done in" not in resumed
+    assert (out / "rows" / "second" / "seed_0" / "result.json").stat().st_mtime_ns == kept
+    assert (out / "rows" / "second" / "result.json").is_file()

@@ -20,6 +20,7 @@ from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
 from folnet.arch.config import preset as load_preset
 from folnet.arch.heads import HEADS, Head, register_head
 from folnet.arch.info import model_info
+from folnet.arch.memory import MEMORY_MODES, set_memory
 from folnet.arch.models import FolnetDecoderLM, FolnetEncoderDecoder, FolnetModel
 from folnet.arch.official import load_official
 from folnet.arch.outputs import FolnetOutput, TextOutput
@@ -28,6 +29,7 @@ from folnet.arch.plan import ArchPlan, LayerPlan, parse_layer, parse_plan
 __all__ = [
     "HEADS",
     "KINDS",
+    "MEMORY_MODES",
     "POSITIONS",
     "PRESETS",
     "ArchPlan",
@@ -55,4 +57,5 @@ __all__ = [
     "resolve_model_dir",
     "run_checkpoints",
     "save_pretrained",
+    "set_memory",
 ]

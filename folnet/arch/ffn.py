@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from folnet.ops.kernels import binary_ffn
+from folnet.ops.kernels.blocked import blocked_binary_ffn
 
 
 class UnaryFFN(nn.Module):
@@ -33,8 +34,15 @@ class BinaryFFN(nn.Module):
         self.out = nn.Linear(f2, d2)
         self.skip = nn.Linear(d2, d2)
 
-    def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None, *,
+                block_rows: int | None = None) -> torch.Tensor:
         """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
-        for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`)."""
+        for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`).
+        ``block_rows`` runs a full square that many query rows at a time, recomputing each
+        block in the backward pass (`folnet.ops.kernels.blocked`)."""
+        if block_rows is not None:
+            return blocked_binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight,
+                                      self.out.bias, self.skip.weight, self.skip.bias,
+                                      rows=block_rows)
         return binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight, self.out.bias,
                           self.skip.weight, self.skip.bias, nt=n2t)

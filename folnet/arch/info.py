@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from folnet.arch.atoms import relative_position_ids, token_positions
 from folnet.arch.domain import Domain
+from folnet.arch.memory import AUTO_MIN_T
 from folnet.arch.models.encoder import FolnetModel
 
 
@@ -25,7 +26,8 @@ class ModelInfo:
     params: dict[str, int]  # component -> parameter count
     total_params: int
     flops_forward: int  # per sequence
-    activation_bytes: int  # saved for backward, per sequence, float32
+    activation_bytes: int  # saved for backward, per sequence, float32, the full square
+    activation_bytes_blocked: int  # the same with the binary FFN in row blocks
 
     def render(self) -> str:
         width = max(len(k) for k in self.params)
@@ -37,7 +39,10 @@ class ModelInfo:
         lines.append(f"FLOPs per token:    forward {self.flops_forward / self.seq_len / 1e6:,.1f}"
                      f" MFLOP")
         lines.append(f"activation memory (saved for backward, float32): "
-                     f"{self.activation_bytes / 2**20:,.1f} MiB per sequence")
+                     f"{self.activation_bytes / 2**20:,.1f} MiB per sequence; "
+                     f"{self.activation_bytes_blocked / 2**20:,.1f} MiB with the binary FFN "
+                     f"in row blocks (folnet.set_memory(model, 'blocked'); 'auto' blocks from "
+                     f"T = {AUTO_MIN_T})")
         return "\n".join(lines)
 
 
@@ -70,8 +75,9 @@ def parameter_breakdown(model: FolnetModel) -> dict[str, int]:
     return dict(counts)
 
 
-def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
-    """Count parameters, FLOPs and saved activations of ``model`` (any device; meta is best)."""
+def _saved_and_flops(model: FolnetModel, seq_len: int, mode: str) -> tuple[int, int]:
+    """Bytes autograd saves for the backward pass of one training forward of one sequence
+    with every layer in memory ``mode``, and the forward's FLOPs."""
     device = next(model.parameters()).device
     ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
     saved: dict[int, int] = {}
@@ -80,20 +86,36 @@ def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
         saved[id(t)] = t.numel() * t.element_size()
         return t
 
+    layers = list(model.encoder.layers)
+    before = [(layer.memory_mode, layer.block_rows) for layer in layers]
     was_training = model.training
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with FlopCounterMode(display=False) as counter:
-            types = torch.zeros_like(ids)
-            rel = (relative_position_ids(types, model.cfg.delta)
-                   if model.cfg.relative_ids else None)
-            domain = Domain(n=seq_len, rel_ids=rel if model.cfg.position == "rpe*" else None)
-            u1, _ = model.encoder(ids, types, domain, token_positions(None, seq_len, device),
-                                  rel)
-            model.encoder.pool(u1)
-    model.train(was_training)
+    try:
+        for layer in layers:
+            layer.memory_mode = mode
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with FlopCounterMode(display=False) as counter:
+                types = torch.zeros_like(ids)
+                rel = (relative_position_ids(types, model.cfg.delta)
+                       if model.cfg.relative_ids else None)
+                domain = Domain(n=seq_len, rel_ids=rel if model.cfg.position == "rpe*" else None)
+                u1, _ = model.encoder(ids, types, domain, token_positions(None, seq_len, device),
+                                      rel)
+                model.encoder.pool(u1)
+    finally:
+        model.train(was_training)
+        for layer, (mode_was, rows_was) in zip(layers, before, strict=True):
+            layer.memory_mode, layer.block_rows = mode_was, rows_was
+    return sum(saved.values()), int(counter.get_total_flops())
+
+
+def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
+    """Count parameters, FLOPs and saved activations of ``model`` (any device; meta is best),
+    the activations both for the full square and with the binary FFN in row blocks."""
+    full, flops = _saved_and_flops(model, seq_len, "full")
+    blocked, _ = _saved_and_flops(model, seq_len, "blocked")
     params = parameter_breakdown(model)
     return ModelInfo(ops=str(model.plan), seq_len=seq_len, params=params,
                      total_params=sum(p.numel() for p in model.parameters()),
-                     flops_forward=int(counter.get_total_flops()),
-                     activation_bytes=sum(saved.values()))
+                     flops_forward=flops, activation_bytes=full,
+                     activation_bytes_blocked=blocked)

@@ -31,6 +31,7 @@ from torch import nn
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import ContextHook, Domain
 from folnet.arch.ffn import BinaryFFN, UnaryFFN
+from folnet.arch.memory import block_rows_for
 from folnet.arch.plan import LayerPlan
 from folnet.arch.relative import static_relative
 from folnet.arch.slots import STREAMS, FusedOutput, FusedProjection, Segment, build_slots, natural
@@ -54,6 +55,7 @@ class DualStreamLayer(nn.Module):
         self.out_b = FusedOutput(widths["B"], cfg.D2, len(plan.binary)) if plan.binary else None
         self.ffn_u = UnaryFFN(cfg.D1, cfg.F1)
         self.ffn_b = BinaryFFN(cfg.D2, cfg.F2)
+        self.memory_mode, self.block_rows = "auto", None  # `folnet.arch.memory.set_memory`
         self.ops = [compile_operator(masks.causal_form(s.spec) if causal else s.spec,
                                      cfg.backend, causal=causal, dims=cfg.dims)
                     for s in self.slots]
@@ -209,7 +211,13 @@ class DualStreamLayer(nn.Module):
         if unary_only:
             return u1, None
         n2 = self._norm(u2, cfg.D2)
-        u2 = dropout_add(u2, self.ffn_b(n2, domain.transposed(n2)), cfg.dropout, self.training)
+        # a full square (bidirectional or causal: u2 is masked, so its transpose is n2's) may
+        # run in blocks of rows; query rows of a longer domain pass their transposed input
+        rows = (None if domain.rows is not None
+                else block_rows_for(n2.shape[1], self.memory_mode, self.block_rows))
+        ffn = (self.ffn_b(n2, block_rows=rows) if rows is not None
+               else self.ffn_b(n2, domain.transposed(n2)))
+        u2 = dropout_add(u2, ffn, cfg.dropout, self.training)
         return u1, (u2 if keep is None else u2 * keep)
 
     def _write(self, u1, u2, outs, keep):

@@ -1,0 +1,137 @@
+"""Training memory on long sequences: the full square against the row-blocked binary stage.
+
+    python benchmarks/long_memory.py                                   # small, T 512, batch 2
+    python benchmarks/long_memory.py --seq-len 128,256,512 --batch 1 --checkpointing off
+
+Each measurement runs in a fresh process: build the model (pretraining head, as ``folnet
+pretrain`` builds it), take one short AdamW step at T = 16 so that gradients and optimizer
+state exist (the steady state), read the resident set, reset its peak through
+/proc/self/clear_refs, take one MLM + NSP step at the measured length and report the peak above
+the steady state and the step's time. Modes alternate round by round (and swap who goes first),
+so the time ratios compare neighbours on a shared machine. Results go to
+results/long_memory.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import machine, table, write_json
+
+import folnet
+from folnet.runtime import tune_cpu_allocator
+
+OUT = Path(__file__).resolve().parents[1] / "results" / "long_memory.json"
+
+
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _batch(batch: int, seq_len: int, vocab: int):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
+    types = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    labels[:, ::7] = ids[:, ::7]  # ~15% masked positions
+    return ids, types, labels, torch.zeros(batch, dtype=torch.long)
+
+
+def measure(case: dict) -> dict:
+    """One configuration in this process (see the module docstring)."""
+    tune_cpu_allocator()
+    torch.manual_seed(0)
+    model = folnet.build_model(case["ops"], preset=case["preset"], head="pretraining",
+                               vocab_size=case["vocab"]).train()
+    model.gather_mlm, model.relations = True, False  # as pretraining runs it
+    if case["checkpointing"]:
+        model.set_activation_checkpointing(True)
+    folnet.set_memory(model, case["mode"], block_rows=case["block_rows"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(seq_len: int) -> float:
+        ids, types, labels, nsp = _batch(case["batch"], seq_len, case["vocab"])
+        opt.zero_grad(set_to_none=False)
+        loss = model(ids, types, mlm_labels=labels, nsp_labels=nsp).loss
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    step(16)  # gradients and AdamW state exist from here on
+    steady = _status_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set to now
+    start = time.perf_counter()
+    loss = step(case["seq_len"])
+    seconds = time.perf_counter() - start
+    return {**case, "steady_mb": steady, "peak_above_mb": _status_mb("VmHWM") - steady,
+            "seconds": seconds, "loss": loss}
+
+
+def _run(case: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--ops", default="jmc.atp")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--seq-len", default="512", help="comma-separated lengths")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--checkpointing", default="on", choices=("on", "off"))
+    ap.add_argument("--modes", default="full,blocked")
+    ap.add_argument("--block-rows", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.case:
+        print(json.dumps(measure(json.loads(args.case))))
+        return 0
+    rows = []
+    for seq_len in (int(t) for t in args.seq_len.split(",")):
+        modes = args.modes.split(",")
+        got: dict[str, list[dict]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
+                case = {"ops": args.ops, "preset": args.preset, "seq_len": seq_len,
+                        "batch": args.batch, "vocab": args.vocab, "mode": mode,
+                        "block_rows": args.block_rows,
+                        "checkpointing": args.checkpointing == "on"}
+                got[mode].append(_run(case))
+                print(f"T {seq_len} {mode}: peak above steady "
+                      f"{got[mode][-1]['peak_above_mb']:.0f} MiB, "
+                      f"{got[mode][-1]['seconds']:.2f} s", flush=True)
+        first = got[modes[0]]
+        for mode in modes:
+            runs = got[mode]
+            rows.append({"seq_len": seq_len, "mode": mode,
+                         "peak_above_mb": statistics.median(r["peak_above_mb"] for r in runs),
+                         "seconds": statistics.median(r["seconds"] for r in runs),
+                         "time_vs_first": statistics.median(
+                             r["seconds"] / f["seconds"] for r, f in zip(runs, first,
+                                                                         strict=True)),
+                         "loss": runs[0]["loss"]})
+    print(table(rows, [("seq_len", "T", "d"), ("mode", "mode", "s"),
+                       ("peak_above_mb", "peak above steady MiB", ".0f"),
+                       ("seconds", "step s", ".2f"),
+                       ("time_vs_first", f"time / {args.modes.split(',')[0]}", ".2f")]))
+    write_json(OUT, {"machine": machine(), "args": vars(args), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The row-blocked binary FFN: equal to the full-square stage in value and in every gradient,
+whatever the block size, and refusing what it cannot compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from folnet.errors import FolnetError
+from folnet.ops.kernels.blocked import blocked_binary_ffn
+
+
+def _reference(n, w_in, b_in, w_out, b_out, w_skip, b_skip):
+    """The stage written out over the full square, pair by pair through einsum (float64)."""
+    nt = n.transpose(1, 2)
+    hidden = F.gelu(torch.einsum("bxyc,fc->bxyf", torch.cat([n, nt], -1), w_in) + b_in)
+    return (torch.einsum("bxyf,df->bxyd", hidden, w_out) + b_out
+            + torch.einsum("bxyc,dc->bxyd", nt, w_skip) + b_skip)
+
+
+def _inputs(b=2, t=11, d2=6, f2=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, t, t, d2), (f2, 2 * d2), (f2,), (d2, f2), (d2,), (d2, d2), (d2,)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).requires_grad_() for s in shapes]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 11, 64])
+def test_value_and_every_gradient_match_the_full_square(rows):
+    args = _inputs()
+    weight = torch.randn(args[0].shape, dtype=torch.float64)  # a random upstream gradient
+    want = _reference(*args)
+    grads_want = torch.autograd.grad((want * weight).sum(), args)
+    got = blocked_binary_ffn(*args, rows=rows)
+    grads_got = torch.autograd.grad((got * weight).sum(), args)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for name, a, b in zip(("n", "w_in", "b_in", "w_out", "b_out", "w_skip", "b_skip"),
+                          grads_got, grads_want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_float32_within_1e_5_relative():
+    args = [a.detach().float().requires_grad_() for a in _inputs(t=33, seed=1)]
+    full = _reference(*args)
+    blocked = blocked_binary_ffn(*args, rows=8)
+    rel = (blocked - full).norm() / full.norm()
+    assert rel < 1e-5
+    g_full = torch.autograd.grad(full.square().sum(), args)
+    g_blocked = torch.autograd.grad(blocked.square().sum(), args)
+    for a, b in zip(g_blocked, g_full, strict=True):
+        assert (a - b).norm() / b.norm() < 1e-5
+
+
+@pytest.mark.parametrize("rows", [0, -2, 2.5, True])
+def test_bad_block_sizes(rows):
+    with pytest.raises(FolnetError, match="block rows must be a positive integer"):
+        blocked_binary_ffn(*_inputs(t=4), rows=rows)
+
+
+def test_only_a_full_square():
+    args = _inputs(t=4)
+    args[0] = torch.randn(2, 3, 4, 6, dtype=torch.float64)
+    with pytest.raises(FolnetError, match=r"full square \(B, T, T, D2\), got \(2, 3, 4, 6\)"):
+        blocked_binary_ffn(*args, rows=2)

@@ -1,0 +1,148 @@
+"""Memory modes (`folnet.set_memory`): a model whose binary FFN runs in blocks of query rows
+computes the same loss and the same gradients as the full square, for every kind of model,
+with padding, for jmc.atp and a registered operator; ``"auto"`` blocks long squares only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import folnet
+from folnet.arch.memory import AUTO_MIN_T, DEFAULT_BLOCK_ROWS, block_rows_for
+from folnet.errors import FolnetError
+
+V, T = 60, 11
+
+
+@pytest.fixture
+def trans_first():
+    folnet.register_operator(symbol="r", name="trans_first_blocked", typing="B <- B x B",
+                             kernel="a x h", premise="a y h", output="x y h", bdim="h",
+                             rdim="a", activation="softmax", mask=["kernel", "premise"],
+                             sizes={"h": "D2"})
+    yield "jmc.atpr"
+    folnet.unregister_operator("r")
+
+
+def _batch(kind: str):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(1, V, (2, T), generator=g)
+    mask = torch.ones_like(x)
+    mask[1, T - 4:] = 0  # the second row is padded
+    if kind == "encoder":
+        return {"input_ids": x, "attention_mask": mask, "mlm_labels": x.masked_fill(mask == 0,
+                                                                                   -100),
+                "nsp_labels": torch.tensor([0, 1])}
+    if kind == "decoder":
+        return {"input_ids": x, "attention_mask": mask, "prefix_lengths": torch.tensor([4, 0]),
+                "labels": x.masked_fill(mask == 0, -100)}
+    y = torch.randint(1, V, (2, 6), generator=g)
+    return {"input_ids": x, "attention_mask": mask, "labels": y}
+
+
+def _loss_and_grads(model, batch, seed: int = 0):
+    torch.manual_seed(seed)  # the same dropout masks in both modes
+    model.zero_grad()
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+def _compare(ops: str, kind: str, dropout: float = 0.0):
+    torch.manual_seed(0)
+    head = "pretraining" if kind == "encoder" else None
+    model = folnet.build_model(ops, preset="tiny", kind=kind, head=head, vocab_size=V,
+                               dropout=dropout).train()
+    batch = _batch(kind)
+    folnet.set_memory(model, "full")
+    loss_full, grads_full = _loss_and_grads(model, batch)
+    folnet.set_memory(model, "blocked", block_rows=3)
+    loss_blocked, grads_blocked = _loss_and_grads(model, batch)
+    assert grads_full.keys() == grads_blocked.keys() and len(grads_full) > 10
+    assert abs(loss_blocked - loss_full) <= 1e-5 * abs(loss_full)
+    for name, g in grads_full.items():
+        err = (grads_blocked[name] - g).norm() / g.norm().clamp_min(1e-30)
+        assert err <= 1e-5, f"{ops} {kind}: gradient of {name} off by {err:.2e}"
+    ffn = [n for n in grads_full if "ffn_b" in n]
+    assert ffn and all(grads_full[n].norm() > 0 for n in ffn)  # the stage really trained
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "encoder-decoder"])
+def test_blocked_equals_full_jmc_atp(kind):
+    _compare("jmc.atp", kind)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_blocked_equals_full_registered_operator(kind, trans_first):
+    _compare(trans_first, kind)
+
+
+def test_blocked_equals_full_with_dropout_under_one_seed():
+    _compare("jmc.atp", "encoder", dropout=0.1)
+
+
+def test_blocked_really_blocks(monkeypatch):
+    """The blocked mode calls the blocked kernel with the rows asked for."""
+    import folnet.arch.ffn as ffn_module
+
+    seen = []
+    real = ffn_module.blocked_binary_ffn
+
+    def spy(*args, rows):
+        seen.append((args[0].shape[1], rows))
+        return real(*args, rows=rows)
+
+    monkeypatch.setattr(ffn_module, "blocked_binary_ffn", spy)
+    model = folnet.build_model("jmc.atp", preset="tiny", vocab_size=V, dropout=0.0)
+    x = torch.randint(1, V, (1, T))
+    model(x)
+    assert seen == []  # "auto" at T < AUTO_MIN_T: the full square
+    folnet.set_memory(model, "blocked", block_rows=4)
+    model(x)
+    assert seen == [(T, 4)] * model.cfg.L
+
+
+def test_auto_choice_and_errors():
+    assert block_rows_for(128, "auto", None) is None
+    assert block_rows_for(AUTO_MIN_T, "auto", None) == DEFAULT_BLOCK_ROWS
+    assert block_rows_for(512, "auto", 32) == 32
+    assert block_rows_for(4096, "full", None) is None
+    assert block_rows_for(8, "blocked", None) == DEFAULT_BLOCK_ROWS
+    model = folnet.build_model("j.a", preset="tiny")
+    with pytest.raises(FolnetError, match=r"memory mode 'tiled' is unknown; use 'auto', 'full'"):
+        folnet.set_memory(model, "tiled")
+    with pytest.raises(FolnetError, match=r"block_rows must be a positive integer .* got 0"):
+        folnet.set_memory(model, "blocked", block_rows=0)
+    with pytest.raises(FolnetError, match="has no FOLNet layer"):
+        folnet.set_memory(torch.nn.Linear(2, 2), "blocked")
+
+
+def test_info_reports_both_paths():
+    from folnet.arch import model_info
+
+    with torch.device("meta"):
+        model = folnet.build_model("jmc.atp", preset="tiny")
+    info = model_info(model, 64)
+    cfg = model.cfg
+    hidden = cfg.L * 64 * 64 * cfg.F2 * 4  # one float32 hidden layer of the binary FFN
+    assert info.activation_bytes - info.activation_bytes_blocked >= hidden
+    assert "with the binary FFN in row blocks" in info.render()
+    assert [layer.memory_mode for layer in model.encoder.layers] == ["auto"] * cfg.L
+
+
+def test_blocked_under_bf16_autocast_trains_like_the_full_square():
+    torch.manual_seed(0)
+    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
+                               dropout=0.0).train()
+    batch = _batch("encoder")
+    results = []
+    for mode in ("full", "blocked"):
+        folnet.set_memory(model, mode, block_rows=4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(_loss_and_grads(model, batch))
+    (loss_full, grads_full), (loss_blocked, grads_blocked) = results
+    assert abs(loss_blocked - loss_full) <= 2e-2 * abs(loss_full)  # bf16 rounding
+    for name, g in grads_full.items():
+        assert grads_blocked[name].dtype == torch.float32  # parameters keep their dtype
+        assert (grads_blocked[name] - g).norm() <= 0.1 * g.norm() + 1e-6, name
