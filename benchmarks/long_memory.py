@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,12 @@ def measure(case: dict) -> dict:
     model.gather_mlm, model.relations = True, False  # as pretraining runs it
     if case["checkpointing"]:
         model.set_activation_checkpointing(True)
-    folnet.set_memory(model, case["mode"], block_rows=case["block_rows"])
+    if case["mode"] == "baseline":  # what the released code materialises, op by op
+        from baseline import BaselineFolnet
+
+        model = BaselineFolnet(model)
+    else:
+        folnet.set_memory(model, case["mode"], block_rows=case["block_rows"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(seq_len: int) -> float:
@@ -94,7 +100,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--checkpointing", default="on", choices=("on", "off"))
-    ap.add_argument("--modes", default="full,blocked")
+    ap.add_argument("--modes", default="full,blocked",
+                    help="full, blocked and/or baseline (benchmarks/baseline.py, never "
+                         "checkpointed)")
+    ap.add_argument("--baseline-max-t", type=int, default=512,
+                    help="longest T the baseline runs at (it materialises far more)")
     ap.add_argument("--block-rows", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
@@ -103,7 +113,8 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for seq_len in (int(t) for t in args.seq_len.split(",")):
-        modes = args.modes.split(",")
+        modes = [m for m in args.modes.split(",")
+                 if m != "baseline" or seq_len <= args.baseline_max_t]
         got: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(args.rounds):
             for mode in (modes if r % 2 == 0 else modes[::-1]):
@@ -125,6 +136,15 @@ def main(argv=None) -> int:
                              r["seconds"] / f["seconds"] for r, f in zip(runs, first,
                                                                          strict=True)),
                          "loss": runs[0]["loss"]})
+    for mode in dict.fromkeys(r["mode"] for r in rows):  # growth exponent over the lengths
+        points = [(r["seq_len"], r["peak_above_mb"]) for r in rows if r["mode"] == mode]
+        if len(points) >= 2:
+            (t0, m0), (t1, m1) = points[-2], points[-1]
+            print(f"{mode}: peak grows as T^{math.log(m1 / m0) / math.log(t1 / t0):.2f} "
+                  f"from T {t0} to {t1}")
+            for r in rows:
+                if r["mode"] == mode:
+                    r["exponent_last"] = math.log(m1 / m0) / math.log(t1 / t0)
     print(table(rows, [("seq_len", "T", "d"), ("mode", "mode", "s"),
                        ("peak_above_mb", "peak above steady MiB", ".0f"),
                        ("seconds", "step s", ".2f"),
