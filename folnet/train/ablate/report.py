@@ -149,8 +149,8 @@ def markdown_table(rows: list[dict[str, Any]], *, title: str = "") -> str:
         tps = r.get("tokens_per_s")
         cells = [str(i), f"FOLNet: {r['ops']}", f"{r['params'] / 1e6:.2f}M",
                  r["position"].upper(), str(r["D2"]), r["loss"], str(r.get("num_seeds", 1)),
-                 f"{r['flops_per_token'] / 1e6:.1f}M", _fmt(tps["mean"] if tps else None, ".0f"),
-                 _spread(r.get("mlm_loss"), interval=False)]
+                 f"{r['flops_per_token'] / 1e6:.1f}M", _spread(tps, ".0f", interval=False),
+                 _spread(r.get("mlm_loss"))]
         cells += [_spread(r.get("metrics", {}).get(t, {}).get(n)) for t, n in metrics]
         cells += [_fmt(r.get("paper", {}).get(k)) for k in papers]
         lines.append("| " + " | ".join(cells) + " |")
