@@ -97,6 +97,9 @@ def test_tables_show_mean_std_and_interval():
     s = rows[0]["metrics"]["kinship"]["accuracy_unseen"]
     assert f"{s['mean']:.3f} ± {s['std']:.3f} [{s['low']:.3f}, {s['high']:.3f}]" in md
     assert "| k=2 | k=3 | k=4 | k=5 |" in md
+    m = rows[0]["mlm_loss"]
+    assert f"{m['mean']:.3f} ± {m['std']:.3f} [{m['low']:.3f}, {m['high']:.3f}]" in md
+    assert f"| {rows[0]['tokens_per_s']['mean']:.0f} ± 1 |" in md  # 100, 101, 102 tokens/s
     header, first, _ = csv_text(rows).splitlines()
     columns = header.split(",")
     values = dict(zip(columns, first.split(","), strict=True))
