@@ -32,3 +32,17 @@ def _operator_registry_restored():
     for spec in folnet.operators():
         if spec.symbol not in before:
             folnet.unregister_operator(spec.symbol)
+
+
+@pytest.fixture
+def trans_first():
+    """A registered operator whose kernel reduces over the binary stream's first index (the
+    transpose of ``t``'s reading); yields its symbol."""
+    import folnet
+
+    folnet.register_operator(symbol="r", name="trans_first", typing="B <- B x B",
+                             kernel="a x h", premise="a y h", output="x y h", bdim="h",
+                             rdim="a", activation="softmax", mask=["kernel", "premise"],
+                             sizes={"h": "D2"})
+    yield "r"
+    folnet.unregister_operator("r")

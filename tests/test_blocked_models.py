@@ -14,15 +14,6 @@ from folnet.errors import FolnetError
 V, T = 60, 11
 
 
-@pytest.fixture
-def trans_first():
-    folnet.register_operator(symbol="r", name="trans_first_blocked", typing="B <- B x B",
-                             kernel="a x h", premise="a y h", output="x y h", bdim="h",
-                             rdim="a", activation="softmax", mask=["kernel", "premise"],
-                             sizes={"h": "D2"})
-    yield "jmc.atpr"
-    folnet.unregister_operator("r")
-
 
 def _batch(kind: str):
     g = torch.Generator().manual_seed(1)
@@ -75,7 +66,7 @@ def test_blocked_equals_full_jmc_atp(kind):
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
 def test_blocked_equals_full_registered_operator(kind, trans_first):
-    _compare(trans_first, kind)
+    _compare(f"jmc.atp{trans_first}", kind)  # trans_first: conftest.py
 
 
 def test_blocked_equals_full_with_dropout_under_one_seed():

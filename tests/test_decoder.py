@@ -46,16 +46,6 @@ def same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.fixture
-def trans_first():
-    """A registered operator whose kernel reduces over the binary stream's first index."""
-    folnet.register_operator(symbol="r", name="trans_first", typing="B <- B x B",
-                             kernel="a x h", premise="a y h", output="x y h", bdim="h",
-                             rdim="a", activation="softmax", mask=["kernel", "premise"],
-                             sizes={"h": "D2"})
-    yield "r"
-    folnet.unregister_operator("r")
-
 
 @pytest.mark.parametrize(("ops", "interacts"), OPS)
 @torch.no_grad()
