@@ -56,3 +56,36 @@ def cli_error(capsys, args: list[str], command: str = "pretrain") -> str:
     err = capsys.readouterr().err
     assert err.startswith(f"folnet {command}: error:")
     return err
+
+
+def tiny_plan(name: str, rows: str, *, seeds: int = 1, steps: int | str = 3,
+              save_every: int = 100, description: str = "") -> str:
+    """An ablation plan at the tests' budget -- a few pretraining steps of the tiny preset on
+    the kinship corpus, three finetuning steps on 36 kinship questions -- with ``rows`` (its
+    ``[[rows]]`` tables) appended."""
+    return f"""
+name = "{name}"
+description = "{description}"
+data = "kinship"
+tasks = ["kinship"]
+seeds = {seeds}
+
+[pretrain]
+preset = "tiny"
+steps = {steps}
+kinship_documents = 30
+vocab_size = 300
+seq_len = 32
+batch_size = 4
+log_every = 1
+save_every = {save_every}
+keep_last = 1
+
+[finetune]
+max_steps = 3
+batch_size = 8
+kinship_train_size = 24
+kinship_test_per_k = 4
+kinship_test_k = [2, 3, 4]
+eval_batch_size = 16
+{rows}"""

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import tiny_plan
 
 from folnet.cli import main as cli_main
 from folnet.train.engine.lock import RunLock, lock_holder
@@ -26,31 +27,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(),
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PLAN = """
-name = "procs"
-data = "kinship"
-tasks = ["kinship"]
-seeds = 1
-
-[pretrain]
-preset = "tiny"
-steps = STEPS
-kinship_documents = 30
-vocab_size = 300
-seq_len = 32
-batch_size = 4
-log_every = 1
-save_every = 100000
-keep_last = 1
-
-[finetune]
-max_steps = 3
-batch_size = 8
-kinship_train_size = 24
-kinship_test_per_k = 4
-kinship_test_k = [2, 3, 4]
-eval_batch_size = 16
-
+PLAN = tiny_plan("procs", """
 [[rows]]
 ops = "j.a"
 name = "first"
@@ -59,7 +36,7 @@ name = "first"
 ops = "j.a"
 D2 = 8
 name = "second"
-"""
+""", steps="STEPS", save_every=100000)
 ROWS = ("first", "second")
 
 

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from runs import tiny_plan
 
 from folnet.cli import main as cli_main
 from folnet.train.ablate.stats import accuracy_spread
@@ -15,32 +16,7 @@ from folnet.train.finetune.evaluate import read_predictions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PLAN = """
-name = "two"
-description = "two rows, a few steps"
-data = "kinship"
-tasks = ["kinship"]
-seeds = 2
-
-[pretrain]
-preset = "tiny"
-steps = 3
-kinship_documents = 30
-vocab_size = 300
-seq_len = 32
-batch_size = 4
-log_every = 1
-save_every = 100
-keep_last = 1
-
-[finetune]
-max_steps = 3
-batch_size = 8
-kinship_train_size = 24
-kinship_test_per_k = 4
-kinship_test_k = [2, 3, 4]
-eval_batch_size = 16
-
+PLAN = tiny_plan("two", """
 [[rows]]
 ops = "j.a"
 
@@ -48,7 +24,7 @@ ops = "j.a"
 ops = "jmc.atp"
 D2 = 8
 name = "full D2=8"
-"""
+""", seeds=2, description="two rows, a few steps")
 
 
 def _predictions(out, row, seed):

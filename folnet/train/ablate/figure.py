@@ -13,20 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from folnet.io import atomic_write
+from folnet.train.ablate.summary import k_of, per_k
 
 __all__ = ["plot"]
-
-
-def _k_of(name: str) -> int:
-    return int(name.rsplit("_k", 1)[1])
 
 
 def _per_k_metrics(rows: list[dict[str, Any]]) -> tuple[str, list[str]] | None:
     """(task, its per-k metric names by k) of the first task scored per chain length."""
     for row in rows:
         for task, metrics in row.get("metrics", {}).items():
-            names = sorted((n for n in metrics if "_k" in n and n.rsplit("_k", 1)[1].isdigit()),
-                           key=_k_of)
+            names = sorted((n for n in metrics if per_k(n)), key=k_of)
             if names:
                 return task, names
     return None
@@ -42,7 +38,7 @@ def _trained_k(rows: list[dict[str, Any]], task: str) -> list[int]:
 
 
 def _accuracy_by_k(ax: Any, rows: list[dict[str, Any]], task: str, names: list[str]) -> None:
-    ks = [_k_of(n) for n in names]
+    ks = [k_of(n) for n in names]
     trained = _trained_k(rows, task)
     for i, k in enumerate(trained):
         ax.axvspan(k - 0.5, k + 0.5, color="0.88", zorder=0,
@@ -72,7 +68,7 @@ def _accuracy_by_k(ax: Any, rows: list[dict[str, Any]], task: str, names: list[s
 
 def _bars(ax: Any, rows: list[dict[str, Any]]) -> None:
     columns = [(t, n) for r in rows for t, ms in r.get("metrics", {}).items() for n in ms
-               if not ("_k" in n and n.rsplit("_k", 1)[1].isdigit())]
+               if not per_k(n)]
     columns = list(dict.fromkeys(columns))
     width = 0.8 / max(1, len(columns))
     for j, (task, name) in enumerate(columns):

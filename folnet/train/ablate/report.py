@@ -15,18 +15,13 @@ from typing import Any
 
 from folnet.io import atomic_write_json, atomic_write_text
 from folnet.train.ablate.figure import plot
-from folnet.train.ablate.summary import compare_rows
+from folnet.train.ablate.summary import compare_rows, k_of, per_k
 
 __all__ = ["csv_text", "markdown_table", "metric_columns", "per_k", "read_rows",
            "significance_text", "write_reports"]
 
 #: The metrics whose pairwise differences the report spells out (when a task has them).
 COMPARED = ("accuracy_seen", "accuracy_unseen")
-
-
-def per_k(name: str) -> bool:
-    """Whether a metric is one chain length's accuracy (``accuracy_k7``)."""
-    return "_k" in name and name.rsplit("_k", 1)[1].isdigit()
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -57,7 +52,7 @@ def metric_columns(rows: list[dict[str, Any]], *, by_k: bool = False) -> list[tu
                 if per_k(name) == by_k and (task, name) not in seen:
                     seen.append((task, name))
     if by_k:
-        seen.sort(key=lambda tn: (tn[0], int(tn[1].rsplit("_k", 1)[1])))
+        seen.sort(key=lambda tn: (tn[0], k_of(tn[1])))
     return seen
 
 
@@ -160,7 +155,7 @@ def markdown_table(rows: list[dict[str, Any]], *, title: str = "") -> str:
             f"{t} {n} {v:.3f}" for (t, n), v in sorted(baselines.items()) if not per_k(n))]
     by_k = metric_columns(rows, by_k=True)
     if by_k:
-        ks = [n.rsplit("_k", 1)[1] for _, n in by_k]
+        ks = [k_of(n) for _, n in by_k]
         lines += ["", "Accuracy per chain length k, mean ± seed std (trained on the seen "
                   "lengths; intervals in results.csv and results.json):", "",
                   "| # | Model | " + " | ".join(f"k={k}" for k in ks) + " |",

@@ -25,13 +25,23 @@ import numpy as np
 from folnet.errors import FolnetError
 from folnet.train.ablate.stats import accuracy_spread, difference_interval, seed_spread
 
-__all__ = ["Difference", "compare_rows", "question_hits", "summarise_row"]
+__all__ = ["Difference", "compare_rows", "k_of", "per_k", "question_hits", "summarise_row"]
 
 #: Per-seed numbers summarised besides the task metrics.
 RUN_NUMBERS = ("tokens_per_s", "mlm_loss", "final_loss")
 #: Row fields every seed shares (the architecture), copied into the summary.
 SHARED = ("name", "ops", "position", "D2", "loss", "paper", "params", "flops_per_token",
           "pretrain_steps")
+
+
+def per_k(name: str) -> bool:
+    """Whether a metric is one chain length's accuracy (``accuracy_k7``)."""
+    return "_k" in name and name.rsplit("_k", 1)[1].isdigit()
+
+
+def k_of(name: str) -> int:
+    """The chain length of a per-k metric (``accuracy_k7`` -> 7)."""
+    return int(name.rsplit("_k", 1)[1])
 
 
 def question_hits(answers: dict[str, Any]) -> dict[str, list[bool]]:
