@@ -1,14 +1,15 @@
-"""Training memory on long sequences: the full square against the row-blocked binary stage.
+"""Training memory on long sequences: the full square against the row-blocked layers.
 
     python benchmarks/long_memory.py                                   # small, T 512, batch 2
     python benchmarks/long_memory.py --seq-len 128,256,512 --batch 1 --checkpointing off
 
-Each measurement runs in a fresh process: build the model (pretraining head, as ``folnet
-pretrain`` builds it), take one short AdamW step at T = 16 so that gradients and optimizer
-state exist (the steady state), read the resident set, reset its peak through
-/proc/self/clear_refs, take one MLM + NSP step at the measured length and report the peak above
-the steady state and the step's time. Modes alternate round by round (and swap who goes first),
-so the time ratios compare neighbours on a shared machine. Results go to
+Each measurement runs in a fresh process, its allocator tuned as the training commands tune
+it for that length (`folnet.runtime.tune_cpu_allocator`): build the model (pretraining head,
+as ``folnet pretrain`` builds it), take one short AdamW step at T = 16 so that gradients and
+optimizer state exist (the steady state), read the resident set, reset its peak through
+/proc/self/clear_refs, take one MLM + NSP step at the measured length and report the peak
+above the steady state and the step's time. Modes alternate round by round (and swap who goes
+first), so the time ratios compare neighbours on a shared machine. Results go to
 results/long_memory.json.
 """
 
@@ -52,19 +53,22 @@ def _batch(batch: int, seq_len: int, vocab: int):
 
 def measure(case: dict) -> dict:
     """One configuration in this process (see the module docstring)."""
-    tune_cpu_allocator()
+    mode, _, allocator = case["mode"].partition("@")
+    # as the training commands tune it for this length; "@heap": everything on the heap, as
+    # for short sequences (and for every length before the long-sequence rule)
+    tune_cpu_allocator(None if allocator == "heap" else case["seq_len"])
     torch.manual_seed(0)
     model = folnet.build_model(case["ops"], preset=case["preset"], head="pretraining",
                                vocab_size=case["vocab"]).train()
     model.gather_mlm, model.relations = True, False  # as pretraining runs it
     if case["checkpointing"]:
         model.set_activation_checkpointing(True)
-    if case["mode"] == "baseline":  # what the released code materialises, op by op
+    if mode == "baseline":  # what the released code materialises, op by op
         from baseline import BaselineFolnet
 
         model = BaselineFolnet(model)
     else:
-        folnet.set_memory(model, case["mode"], block_rows=case["block_rows"])
+        folnet.set_memory(model, mode, block_rows=case["block_rows"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(seq_len: int) -> float:
@@ -101,8 +105,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--checkpointing", default="on", choices=("on", "off"))
     ap.add_argument("--modes", default="full,blocked",
-                    help="full, blocked and/or baseline (benchmarks/baseline.py, never "
-                         "checkpointed)")
+                    help="auto (folnet picks from T, as a user's model does), full, blocked "
+                         "and/or baseline (benchmarks/baseline.py, never checkpointed); "
+                         "MODE@heap keeps every allocation on the heap (folnet.runtime)")
     ap.add_argument("--baseline-max-t", type=int, default=512,
                     help="longest T the baseline runs at (it materialises far more)")
     ap.add_argument("--block-rows", type=int, default=None)

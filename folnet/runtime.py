@@ -8,6 +8,14 @@ B x T x T x F2 took 32 ms instead of 18). `tune_cpu_allocator` tells glibc to se
 from its heap and to keep freed memory for reuse. Freed memory is then not returned to the
 operating system until the process ends -- right for a training or benchmark process, which is
 why the CLI commands call it and the library does not do it on import.
+
+Long sequences are the exception. From `folnet.arch.memory.AUTO_MIN_T` tokens on the layers
+run in row blocks: few large tensors (the binary stream, B x T x T x D2), many small per-block
+ones, and on one heap the small ones settle into the holes the large ones leave, so the heap
+grew to 2-3x the tensors alive at once (small preset, T = 512, batch 2: 1,739 MiB of heap for
+806 MiB of live tensors; base preset, T = 512, batch 1: 5,364 MiB). A process told its sequence
+length (``seq_len``) therefore gives allocations of `LARGE_ALLOCATION` bytes and more their own
+pages, returned when freed, as glibc does by default -- the per-block ones stay on the heap.
 """
 
 from __future__ import annotations
@@ -16,17 +24,25 @@ import ctypes
 import ctypes.util
 import os
 
+from folnet.arch.memory import AUTO_MIN_T
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
-_done = False
+_M_MMAP_THRESHOLD = -3
+#: Allocations from this size on get their own pages in a long-sequence process.
+LARGE_ALLOCATION = 64 << 20
+_done: bool | None = None  # None: not tuned; else whether it was tuned for long sequences
 
 
-def tune_cpu_allocator() -> bool:
-    """Keep large allocations on glibc's heap for reuse. Returns whether it took effect
-    (False on non-glibc platforms, or when ``FOLNET_NO_ALLOCATOR_TUNING`` is set)."""
+def tune_cpu_allocator(seq_len: int | None = None) -> bool:
+    """Keep allocations on glibc's heap for reuse -- below `LARGE_ALLOCATION` bytes only when
+    ``seq_len`` (the longest sequence the process runs) reaches `AUTO_MIN_T`. Returns whether
+    it took effect (False on non-glibc platforms, or when ``FOLNET_NO_ALLOCATOR_TUNING`` is
+    set). Calling it again with another length retunes."""
     global _done
-    if _done:
+    long = seq_len is not None and seq_len >= AUTO_MIN_T
+    if _done is long:
         return True
     if os.environ.get("FOLNET_NO_ALLOCATOR_TUNING"):
         return False
@@ -40,7 +56,11 @@ def tune_cpu_allocator() -> bool:
         return False
     # One arena: with per-thread arenas and mmap off, allocations made on OpenMP worker
     # threads took a pathological slow path (a tiny model's step went from 0.11 s to 4 s).
-    ok = (mallopt(_M_ARENA_MAX, 1) == 1 and mallopt(_M_MMAP_MAX, 0) == 1
-          and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1)
-    _done = ok
+    if long:
+        pages = (mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION) == 1
+                 and mallopt(_M_MMAP_MAX, 1 << 24) == 1)
+    else:
+        pages = mallopt(_M_MMAP_MAX, 0) == 1
+    ok = pages and mallopt(_M_ARENA_MAX, 1) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
+    _done = long if ok else None
     return ok

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import folnet
-from folnet.arch.memory import AUTO_MIN_T, DEFAULT_BLOCK_ROWS, block_rows_for
+from folnet.arch.memory import AUTO_MIN_T, BLOCK_PAIRS, block_rows_for
 from folnet.errors import FolnetError
 
 V, T = 60, 11
@@ -40,11 +40,11 @@ def _loss_and_grads(model, batch, seed: int = 0):
                            if p.grad is not None}
 
 
-def _compare(ops: str, kind: str, dropout: float = 0.0):
+def _compare(ops: str, kind: str, dropout: float = 0.0, **kw):
     torch.manual_seed(0)
     head = "pretraining" if kind == "encoder" else None
     model = folnet.build_model(ops, preset="tiny", kind=kind, head=head, vocab_size=V,
-                               dropout=dropout).train()
+                               dropout=dropout, **kw).train()
     batch = _batch(kind)
     folnet.set_memory(model, "full")
     loss_full, grads_full = _loss_and_grads(model, batch)
@@ -69,8 +69,50 @@ def test_blocked_equals_full_registered_operator(kind, trans_first):
     _compare(f"jmc.atp{trans_first}", kind)  # trans_first: conftest.py
 
 
-def test_blocked_equals_full_with_dropout_under_one_seed():
-    _compare("jmc.atp", "encoder", dropout=0.1)
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_blocked_equals_full_with_dropout_under_one_seed(kind):
+    """Residual and FFN dropout draw the same masks in both modes. (The operators' kernel
+    dropout draws one mask per block, which cannot equal the full square's one draw: see
+    `test_blocked_kernel_dropout_gradient_is_the_forwards`.)"""
+    _compare("jmc.atp", kind, dropout=0.1, attention_dropout=0.0)
+
+
+def test_blocked_kernel_dropout_gradient_is_the_forwards():
+    """With kernel dropout each block's recomputation in the backward pass must redraw the
+    masks its forward drew: the gradient then matches central differences of a float64
+    functional of the outputs taken under the same seed."""
+    torch.manual_seed(0)
+    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
+                               dropout=0.0, attention_dropout=0.3).double().train()
+    folnet.set_memory(model, "blocked", block_rows=4)
+    batch = _batch("encoder")
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    g = torch.Generator().manual_seed(2)
+    probe = {}
+
+    def functional():
+        torch.manual_seed(5)  # the same kernel-dropout masks in every evaluation
+        out = model(**inputs)
+        total = 0.0
+        for name in ("mlm_logits", "relation_output"):
+            t = getattr(out, name)
+            probe.setdefault(name, torch.randn(t.shape, generator=g, dtype=t.dtype))
+            total = total + (t * probe[name]).sum()
+        return total
+
+    param = model.encoder.layers[0].proj_b.weight
+    functional().backward()
+    direction = torch.randn(param.shape, generator=g, dtype=param.dtype)
+    analytic = (param.grad * direction).sum()
+    eps, values = 1e-6, []
+    with torch.no_grad():
+        for sign in (1, -1):
+            param.add_(sign * eps * direction)
+            values.append(functional())
+            param.sub_(sign * eps * direction)
+    numeric = (values[0] - values[1]) / (2 * eps)
+    assert abs(numeric) > 1e-2
+    assert abs(numeric - analytic) <= 1e-6 * abs(numeric)
 
 
 def test_blocked_really_blocks(monkeypatch):
@@ -96,10 +138,14 @@ def test_blocked_really_blocks(monkeypatch):
 
 def test_auto_choice_and_errors():
     assert block_rows_for(128, "auto", None) is None
-    assert block_rows_for(AUTO_MIN_T, "auto", None) == DEFAULT_BLOCK_ROWS
+    assert block_rows_for(AUTO_MIN_T, "auto", None, row_pairs=1) == BLOCK_PAIRS["mixer"]
+    assert block_rows_for(512, "auto", None, row_pairs=2 * 512) == BLOCK_PAIRS["mixer"] // 1024
+    ffn_rows = block_rows_for(512, "auto", None, row_pairs=2 * 512, stage="ffn")
+    assert ffn_rows == BLOCK_PAIRS["ffn"] // 1024
+    assert block_rows_for(512, "blocked", None, row_pairs=1 << 30) == 1  # at least one row
     assert block_rows_for(512, "auto", 32) == 32
     assert block_rows_for(4096, "full", None) is None
-    assert block_rows_for(8, "blocked", None) == DEFAULT_BLOCK_ROWS
+    assert block_rows_for(8, "blocked", None, row_pairs=8) == BLOCK_PAIRS["mixer"] // 8
     model = folnet.build_model("j.a", preset="tiny")
     with pytest.raises(FolnetError, match=r"memory mode 'tiled' is unknown; use 'auto', 'full'"):
         folnet.set_memory(model, "tiled")
@@ -118,7 +164,7 @@ def test_info_reports_both_paths():
     cfg = model.cfg
     hidden = cfg.L * 64 * 64 * cfg.F2 * 4  # one float32 hidden layer of the binary FFN
     assert info.activation_bytes - info.activation_bytes_blocked >= hidden
-    assert "with the binary FFN in row blocks" in info.render()
+    assert "with the mixer and the binary FFN in row blocks" in info.render()
     assert [layer.memory_mode for layer in model.encoder.layers] == ["auto"] * cfg.L
 
 
@@ -137,3 +183,53 @@ def test_blocked_under_bf16_autocast_trains_like_the_full_square():
     for name, g in grads_full.items():
         assert grads_blocked[name].dtype == torch.float32  # parameters keep their dtype
         assert (grads_blocked[name] - g).norm() <= 0.1 * g.norm() + 1e-6, name
+
+
+def test_blocked_equals_full_under_rpe_star():
+    _compare("jmc.atp", "encoder", position="rpe*")  # static terms read the blocks' rel ids
+
+
+def test_blocked_equals_full_with_a_folded_shared_premise(monkeypatch):
+    """A tensor every row reads whole (``t``'s premise) may be folded by the fused backend for
+    some model dimensions: the blocks then read it from the whole normalised stream."""
+    from folnet.ops.backends.fused import FusedBackend
+
+    real = FusedBackend.layout
+
+    def layout(self, op, role):
+        return "fold" if (op.spec.symbol, role) == ("t", "premise") else real(self, op, role)
+
+    monkeypatch.setattr(FusedBackend, "layout", layout)
+    _compare("jmc.atp", "encoder")
+
+
+def _widest_saved(model, batch, mode: str) -> float:
+    """The widest pair-indexed tensor the forward pass saves for the backward, in channels per
+    token pair of the binary stream (B x T x T; pair axes as (T, T) or flattened)."""
+    folnet.set_memory(model, mode, block_rows=4)
+    pairs = batch["input_ids"].numel() * T
+    widest = 0.0
+
+    def pack(t):
+        nonlocal widest
+        if list(t.shape).count(T) >= 2 or any(n in (T * T, pairs) for n in t.shape):
+            widest = max(widest, t.numel() / pairs)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**batch).loss.backward()
+    return widest
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_blocked_saves_no_tensor_wider_than_the_stream(kind):
+    """Full square: the operators' kernels and premises and the FFN's hidden layer are saved
+    (F2 = 4 D2 channels per pair); blocked: nothing wider than the binary stream itself."""
+    torch.manual_seed(0)
+    head = "pretraining" if kind == "encoder" else None
+    model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, head=head, vocab_size=V,
+                               dropout=0.0).train()
+    batch = _batch(kind)
+    d2 = model.cfg.D2
+    assert _widest_saved(model, batch, "full") >= model.cfg.F2
+    assert _widest_saved(model, batch, "blocked") <= d2

@@ -27,7 +27,7 @@ class ModelInfo:
     total_params: int
     flops_forward: int  # per sequence
     activation_bytes: int  # saved for backward, per sequence, float32, the full square
-    activation_bytes_blocked: int  # the same with the binary FFN in row blocks
+    activation_bytes_blocked: int  # the same with the layers in row blocks
 
     def render(self) -> str:
         width = max(len(k) for k in self.params)
@@ -40,9 +40,9 @@ class ModelInfo:
                      f" MFLOP")
         lines.append(f"activation memory (saved for backward, float32): "
                      f"{self.activation_bytes / 2**20:,.1f} MiB per sequence; "
-                     f"{self.activation_bytes_blocked / 2**20:,.1f} MiB with the binary FFN "
-                     f"in row blocks (folnet.set_memory(model, 'blocked'); 'auto' blocks from "
-                     f"T = {AUTO_MIN_T})")
+                     f"{self.activation_bytes_blocked / 2**20:,.1f} MiB with the mixer and the "
+                     f"binary FFN in row blocks (folnet.set_memory(model, 'blocked'); 'auto' "
+                     f"blocks from T = {AUTO_MIN_T})")
         return "\n".join(lines)
 
 
@@ -111,7 +111,7 @@ def _saved_and_flops(model: FolnetModel, seq_len: int, mode: str) -> tuple[int, 
 
 def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
     """Count parameters, FLOPs and saved activations of ``model`` (any device; meta is best),
-    the activations both for the full square and with the binary FFN in row blocks."""
+    the activations both for the full square and with the layers in row blocks."""
     full, flops = _saved_and_flops(model, seq_len, "full")
     blocked, _ = _saved_and_flops(model, seq_len, "blocked")
     params = parameter_breakdown(model)

@@ -37,6 +37,16 @@ from folnet.arch.relative import static_relative
 from folnet.arch.slots import STREAMS, FusedOutput, FusedProjection, Segment, build_slots, natural
 from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import dropout_add, linear, segmented_linear
+from folnet.ops.kernels.blocked import recompute_blocks
+
+ROLES = ("kernel", "premise")
+
+
+def _apply(fused: FusedProjection | FusedOutput, x: torch.Tensor) -> torch.Tensor:
+    """A fused Linear as a function, not a module call: inside a recomputed block (an autograd
+    Function's forward) module hooks, such as FlopCounterMode's, must not run."""
+    bias = fused.full() if isinstance(fused, FusedProjection) else fused.bias.sum(0)
+    return F.linear(x, fused.weight, bias)
 
 
 class DualStreamLayer(nn.Module):
@@ -78,41 +88,63 @@ class DualStreamLayer(nn.Module):
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
         return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
 
+    @staticmethod
+    def _binary_dtype(u2: torch.Tensor) -> torch.dtype:
+        """The dtype the normalised binary stream is read in: CPU autocast's, else its own."""
+        if u2.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            return torch.get_autocast_dtype("cpu")
+        return u2.dtype
+
+    def _norm_binary(self, u2: torch.Tensor) -> torch.Tensor:
+        """LN of the binary stream (or of a slab of it), cast once under CPU autocast for all
+        its readers (the projection and every folded einsum), not once per reader (and one
+        gradient conversion per reader)."""
+        return self._norm(u2, self.cfg.D2).to(self._binary_dtype(u2))
+
     # -- projections -----------------------------------------------------------------------------
-    def _project(self, n1, n2, layouts, wanted):
-        """The materialised kernels and premises, {(slot, role): Operand}: the unary stream
-        through its fused Linear, split once; the binary one likewise when every segment is
-        wanted channels last, else through one segmented projection of just the segments
-        some backend materialises (`folnet.ops.kernels.segmented_linear`), each in its
-        layout."""
+    def _project(self, n1, n2, layouts, keys):
+        """The kernels and premises ``keys`` [(slot, role)] name, {(slot, role): Operand}:
+        unary ones from ``n1`` through the stream's fused Linear, split once; binary ones
+        from ``n2`` likewise when every segment is wanted channels last, else through one
+        segmented projection of just the segments some backend materialises
+        (`folnet.ops.kernels.segmented_linear`), each in its layout; folded ones as the
+        stream and their weight rows (`_folded`)."""
         parts: dict[tuple[int, str], Operand] = {}
-        roles = ("kernel", "premise")
-        if self.proj_u is not None:
-            segs = [(i, r, s.segment(r)) for i, s in enumerate(self.slots) for r in roles
+        streams = {k: self.slots[k[0]].segment(k[1]).stream for k in keys}
+        if "U" in streams.values():
+            segs = [(i, r, s.segment(r)) for i, s in enumerate(self.slots) for r in ROLES
                     if s.segment(r).stream == "U"]
-            splits = torch.split(self.proj_u(n1), [seg.width for *_, seg in segs], dim=-1)
+            splits = torch.split(_apply(self.proj_u, n1), [seg.width for *_, seg in segs], dim=-1)
             for (i, role, seg), t in zip(segs, splits, strict=True):
-                if i in wanted:  # (B, Q, w) -> (B, Q, *channels)
-                    idx = self.slots[i].spec.tensor(role)
-                    parts[i, role] = Operand(t.unflatten(-1, seg.channels), natural(idx))
-        binary = [(i, r, self.slots[i].segment(r)) for i in wanted for r in roles
-                  if self.slots[i].segment(r).stream == "B" and layouts[i][r] != "fold"]
+                if (i, role) in streams:  # (B, Q, w) -> (B, Q, *channels)
+                    parts[i, role] = Operand(t.unflatten(-1, seg.channels),
+                                             self._letters(i, role, "cl"))
+        binary = []
+        for i, role in keys:
+            if streams[i, role] != "B":
+                continue
+            if layouts[i][role] == "fold":
+                parts[i, role] = self._folded(i, role, n2)
+            else:
+                binary.append((i, role, self.slots[i].segment(role)))
         if not binary:
             return parts
         widths = [seg.width for *_, seg in binary]
         if sum(widths) == self.proj_b.width and all(layouts[i][r] == "cl" for i, r, _ in binary):
-            outs = torch.split(self.proj_b(n2), widths, dim=-1)  # (B, Q, n, w) each
+            outs = torch.split(_apply(self.proj_b, n2), widths, dim=-1)  # (B, Q, n, w) each
         else:
             outs = segmented_linear(n2, self.proj_b.weight, self.proj_b.full(), tuple(
                 (seg.start, seg.width, layouts[i][r]) for i, r, seg in binary))
         for (i, role, seg), t in zip(binary, outs, strict=True):
-            idx = self.ops[i].spec.tensor(role)
-            if layouts[i][role] == "cf":  # (B, C, Q, n) -> (B, *channels, row, col)
-                letters = natural(idx)[2:] + natural(idx)[:2]
-                parts[i, role] = Operand(t.unflatten(1, seg.channels), letters)
-            else:  # (B, Q, n, C) -> (B, row, col, *channels)
-                parts[i, role] = Operand(t.unflatten(-1, seg.channels), natural(idx))
+            # (B, C, Q, n) -> (B, *channels, row, col) or (B, Q, n, C) -> (B, row, col, *channels)
+            t = t.unflatten(1 if layouts[i][role] == "cf" else -1, seg.channels)
+            parts[i, role] = Operand(t, self._letters(i, role, layouts[i][role]))
         return parts
+
+    def _letters(self, i: int, role: str, layout: str) -> tuple[str, ...]:
+        """The index letters of a projected tensor as `_project` lays it out."""
+        idx = natural(self.ops[i].spec.tensor(role))
+        return idx[2:] + idx[:2] if layout == "cf" else idx
 
     def _folded(self, i: int, role: str, n2: torch.Tensor) -> Operand:
         """A binary tensor handed over folded: the normalised stream and its weight rows."""
@@ -162,35 +194,139 @@ class DualStreamLayer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """u1 (B, Q, D1), u2 (B, Q, n, D2) -> both updated. ``unary_only`` (the last layer, when
         nothing reads the final binary stream) skips every update of u2 -- the binary-output
-        operators and the binary FFN -- and returns None in its place."""
+        operators and the binary FFN -- and returns None in its place. Long enough inputs run
+        the mixer and the binary FFN in blocks of query rows (`folnet.arch.memory`)."""
         cfg = self.cfg
-        n1, n2 = self._norm(u1, cfg.D1), self._norm(u2, cfg.D2)
-        if n2.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # one cast of the normalised binary stream for all its readers (the projection and
-            # every folded einsum), not one per reader (and one gradient conversion per reader)
-            n2 = n2.to(torch.get_autocast_dtype("cpu"))
+        n1 = self._norm(u1, cfg.D1)
+        row_pairs = u2.shape[0] * u2.shape[2]  # B x n
+        rows = block_rows_for(u2.shape[1], self.memory_mode, self.block_rows,
+                              row_pairs=row_pairs)
+        n2 = self._norm_binary(u2)
         wanted = [i for i, s in enumerate(self.slots)
                   if not (unary_only and s.spec.typing.output == "B")]
         backends, layouts = {}, {}
         for i in wanted:
             op = self.ops[i]
             # rpe*'s static terms dominate its layers' cost (the fused path measured 1.02x
-            # there): they keep every kernel and premise materialised, as before
+            # there): they keep every kernel and premise materialised, as before. A block of a
+            # bidirectional square's rows is a plain rectangular call: no mask runs along rows
             call = op.call(n2, padded=domain.pad is not None, rows=domain.rows is not None,
                            requires_grad=torch.is_grad_enabled(),
                            materialise=cfg.position == "rpe*")
             backends[i] = op.select(call)
-            layouts[i] = {r: backends[i].layout(op, r) for r in ("kernel", "premise")}
-        parts = self._project(n1, n2, layouts, wanted)
+            layouts[i] = {r: backends[i].layout(op, r) for r in ROLES}
+        plan = (backends, layouts, wanted)
         keep = domain.keep()  # (B|1, Q, n, 1) or None
-        taken, premasked = self._context(parts, keep, context) if context else ({}, {})
+        mixed = (self._mix(n1, n2, domain, plan, context, keep) if rows is None
+                 else self._mix_blocked(n1, n2, domain, plan, context, keep, rows))
+        u1, u2 = self._write(u1, u2, *mixed, keep)
+        u1 = dropout_add(u1, self.ffn_u(self._norm(u1, cfg.D1)), cfg.dropout, self.training)
+        if unary_only:
+            return u1, None
+        n2 = self._norm(u2, cfg.D2)
+        # a full square (bidirectional or causal: u2 is masked, so its transpose is n2's) may
+        # run in blocks of rows; query rows of a longer domain pass their transposed input
+        if rows is not None and domain.rows is None:
+            ffn = self.ffn_b(n2, block_rows=block_rows_for(
+                n2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs,
+                stage="ffn"))
+        else:
+            ffn = self.ffn_b(n2, domain.transposed(n2))
+        u2 = dropout_add(u2, ffn, cfg.dropout, self.training)
+        return u1, (u2 if keep is None else u2 * keep)
+
+    def _mix(self, n1, n2, domain, plan, context, keep):
+        """The mixer over every query row at once: (unary outputs (B, Q, M1) or None, binary
+        update (B, Q, n, D2) or None)."""
+        backends, layouts, wanted = plan
+        parts = self._project(n1, n2, layouts, [(i, r) for i in wanted for r in ROLES])
+        premasked = {}
+        if context is not None:
+            taken, premasked = self._context(parts, keep, context)
+            parts.update(taken)
+        return self._updates(self._operate(parts, backends, domain, wanted, premasked), domain)
+
+    def _mix_blocked(self, n1, n2, domain, plan, context, keep, rows):
+        """The mixer ``rows`` query rows at a time, each block recomputed in the backward pass
+        (`folnet.ops.kernels.recompute_blocks`), so that its projections, kernels and premises
+        (N2 channels per pair) are alive for one block only. Read from the operator specs: a
+        tensor whose first token is the operator's query letter is projected from the block's
+        row slab (of n1 or n2), a binary one whose second token is (``c``'s premise,
+        bidirectionally) from its column slab, every other one (``t``'s premise, unary
+        premises) once for all rows -- by the recomputed function's prologue, span by span,
+        or, when a causal layer hands them to ``context`` (its context channels, as in
+        `_mix`), before it. Every reduction runs along a row's columns, so each block's
+        softmax is exact: outputs equal `_mix`'s."""
+        backends, layouts, wanted = plan
+        where: dict[tuple[int, str], str] = {}
+        for i in wanted:
+            spec = self.ops[i].spec
+            q = masks.query_letter(spec)
+            for r in ROLES:
+                toks = spec.tokens(r)
+                where[i, r] = "row" if toks[0] == q else "col" if toks[-1] == q else "all"
+        keys = {w: [k for k, v in where.items() if v == w] for w in ("row", "col", "all")}
+        folded = [k for k in keys["all"] if layouts[k[0]][k[1]] == "fold"]  # read the full n2
+        common = [k for k in keys["all"] if k not in folded]  # made once for all rows
+        premasked = {}
+        if context is None:  # made span by span inside, by the recomputed prologue
+            order, inputs = list(common), [n1, n2]
+            letters = [self._letters(i, r, layouts[i][r]) for i, r in order]
+            # each made tensor's row axis: after the channels of a channels-first one
+            dims = tuple(1 + (len(self.slots[i].segment(r).channels)
+                              if layouts[i][r] == "cf" else 0) for i, r in order)
+
+            def made_rows(r0, r1, inputs, views):
+                parts = self._project(views[0], views[1].contiguous(), layouts, common)
+                return tuple(parts[k].tensor for k in order)
+
+            prologue = (made_rows, dims) if order else None
+        else:  # the hook reads them: made here, handed in as inputs
+            prologue = None
+            parts = self._project(n1, n2, layouts, common)
+            taken, premasked = self._context(parts, keep, context)
+            parts.update(taken)
+            order = list(parts)
+            letters = [parts[k].letters for k in order]
+            inputs = [n1, n2, *(parts[k].tensor for k in order)]
+        count = n2.shape[1]
+        at = (domain.rows if domain.rows is not None
+              else torch.arange(count, device=n2.device))  # (Q,) domain positions
+
+        def block(r0: int, r1: int, inputs, views, made):
+            given = made if prologue is not None else inputs[2:]
+            rows1, rows2, cols2 = views  # (B, R, D1), (B, R, n, D2), (B, n, R, D2)
+            parts = {k: Operand(t, c) for k, t, c in zip(order, given, letters, strict=True)}
+            parts.update({k: self._folded(*k, inputs[1]) for k in folded})
+            # one contiguous copy of each slab, one block's worth
+            parts.update(self._project(rows1, rows2.contiguous(), layouts, keys["row"]))
+            if keys["col"]:
+                parts.update(self._project(None, cols2.contiguous(), layouts, keys["col"]))
+            rel = None if domain.rel_ids is None else domain.rel_ids[:, r0:r1]
+            sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible, rows=at[r0:r1],
+                         rel_ids=rel)
+            mixed = self._updates(self._operate(parts, backends, sub, wanted, premasked), sub)
+            return tuple(t for t in mixed if t is not None)
+
+        spans = [(r0, min(count, r0 + rows)) for r0 in range(0, count, rows)]
+        # the column slab only of a full square (whose columns are its rows)
+        slabs = [(0, 1), (1, 1), (1, 2 if domain.rows is None else 1)]
+        outs = iter(recompute_blocks(block, spans, inputs, list(self.parameters()), slabs,
+                                     prologue=prologue))
+        has_u = any(self.slots[i].spec.typing.output == "U" for i in wanted)
+        has_b = any(self.slots[i].spec.typing.output == "B" for i in wanted)
+        return (next(outs) if has_u else None,  # (B, Q, M1)
+                next(outs) if has_b else None)  # (B, Q, n, D2)
+
+    def _operate(self, parts, backends, domain, wanted, premasked):
+        """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]}."""
+        cfg = self.cfg
         p = cfg.kernel_dropout if self.training else 0.0
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
         for i in wanted:
             slot, op = self.slots[i], self.ops[i]
             spec = op.spec
-            K, v = (taken.get((i, r)) or parts.get((i, r)) or self._folded(i, r, n2)
-                    for r in ("kernel", "premise"))
+            K, v = parts[i, "kernel"], parts[i, "premise"]
             if slot.kernel_scale != 1.0:
                 K = Operand(K.tensor * slot.kernel_scale, K.letters)
             order = domain.order(masks.query_letter(spec))
@@ -206,33 +342,27 @@ class DualStreamLayer(nn.Module):
             if slot.out_scale != 1.0:
                 out = out * slot.out_scale
             outs[spec.typing.output].append(out)
-        u1, u2 = self._write(u1, u2, outs, keep)
-        u1 = dropout_add(u1, self.ffn_u(self._norm(u1, cfg.D1)), cfg.dropout, self.training)
-        if unary_only:
-            return u1, None
-        n2 = self._norm(u2, cfg.D2)
-        # a full square (bidirectional or causal: u2 is masked, so its transpose is n2's) may
-        # run in blocks of rows; query rows of a longer domain pass their transposed input
-        rows = (None if domain.rows is not None
-                else block_rows_for(n2.shape[1], self.memory_mode, self.block_rows))
-        ffn = (self.ffn_b(n2, block_rows=rows) if rows is not None
-               else self.ffn_b(n2, domain.transposed(n2)))
-        u2 = dropout_add(u2, ffn, cfg.dropout, self.training)
-        return u1, (u2 if keep is None else u2 * keep)
+        return outs
 
-    def _write(self, u1, u2, outs, keep):
-        """One fused output projection per stream over the concatenated operator outputs, then
-        dropout and the residual add (and the visibility, causally)."""
-        if outs["U"]:
-            u1 = dropout_add(u1, self.out_u(torch.cat(outs["U"], -1)), self.cfg.dropout,
-                             self.training)  # (B, Q, D1)
-        if outs["B"]:
-            cat = torch.cat(outs["B"], -1)  # (B, Q, n, M2)
-            # the CPU fast product (`folnet.ops.kernels.linear`) on the bidirectional square;
-            # causal layers keep the plain product their checkpoints' outputs were made with
-            # (the two round differently: ~1e-7 relative)
-            update = (linear(cat, self.out_b.weight, self.out_b.bias.sum(0)) if keep is None
-                      else self.out_b(cat))
+    def _updates(self, outs, domain):
+        """The unary outputs concatenated (B, Q, M1) and the binary stream's update through its
+        fused output projection (B, Q, n, D2), each None when no operator writes there."""
+        mixed_u = torch.cat(outs["U"], -1) if outs["U"] else None
+        if not outs["B"]:
+            return mixed_u, None
+        cat = torch.cat(outs["B"], -1)  # (B, Q, n, M2)
+        # the CPU fast product (`folnet.ops.kernels.linear`) on the bidirectional square;
+        # causal layers keep the plain product their checkpoints' outputs were made with
+        # (the two round differently: ~1e-7 relative)
+        return mixed_u, (linear(cat, self.out_b.weight, self.out_b.bias.sum(0))
+                         if domain.visible is None else _apply(self.out_b, cat))
+
+    def _write(self, u1, u2, mixed_u, update, keep):
+        """The unary outputs through their fused output projection, the binary update; dropout
+        and the residual add on each (and the visibility, causally)."""
+        if mixed_u is not None:
+            u1 = dropout_add(u1, self.out_u(mixed_u), self.cfg.dropout, self.training)
+        if update is not None:
             u2 = dropout_add(u2, update, self.cfg.dropout, self.training)  # (B, Q, n, D2)
             if keep is not None:
                 u2 = u2 * keep

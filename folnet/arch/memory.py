@@ -1,16 +1,18 @@
 """How a model's layers trade memory for recomputation on long sequences.
 
-The binary stream is B x T x T x D2 per layer, and its stages' working sets are wider still.
-Today one stage runs in blocks of query rows (`folnet.ops.kernels.blocked`): the binary
-Boolean FFN, whose hidden layer (F2 = 4 D2 channels per pair) is the widest tensor of a layer.
-The mode is a property of a run, not of the architecture -- it changes what is kept for the
-backward pass, never the function computed -- so it is set on a built model (`set_memory`) and
-not saved with it:
+The binary stream is B x T x T x D2 per layer, and its stages' working sets are wider still:
+the mixer's projections, kernels and premises (N2 channels per pair), the binary FFN's hidden
+layer (F2 = 4 D2). Blocked, both stages run over blocks of query rows and recompute each block
+in the backward pass (`folnet.arch.layer`, `folnet.ops.kernels.blocked`), so what stays alive
+is the binary stream itself (and ``t``'s premise, which every row reads whole). The mode is a
+property of a run, not of the architecture -- it changes what is kept for the backward pass,
+never the function computed -- so it is set on a built model (`set_memory`) and not saved:
 
 * ``"auto"`` (default): blocked from `AUTO_MIN_T` tokens on, the full square below (where the
-  full square's fused CPU kernel is as fast and its memory small) and while tracing;
+  full square's fused CPU kernels are faster and its memory small) and while tracing;
 * ``"full"``: always the full square;
-* ``"blocked"``: always blocked, ``block_rows`` rows at a time (default `DEFAULT_BLOCK_ROWS`).
+* ``"blocked"``: always blocked, ``block_rows`` rows at a time, by default as many rows as
+  make `BLOCK_PAIRS` token pairs (batch x rows x columns) per block for that stage.
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ from torch import nn
 
 from folnet.errors import FolnetError, choices
 
-__all__ = ["AUTO_MIN_T", "DEFAULT_BLOCK_ROWS", "MEMORY_MODES", "block_rows_for", "set_memory"]
+__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "block_rows_for", "set_memory"]
 
 MEMORY_MODES = ("auto", "full", "blocked")
 #: Sequence length from which ``"auto"`` blocks.
 AUTO_MIN_T = 256
-#: Query rows per block unless told otherwise.
-DEFAULT_BLOCK_ROWS = 64
+#: Token pairs per block unless told otherwise, per stage: the FFN's pairs carry its hidden
+#: layer, about four times as wide as a mixer block's channels (small preset, T = 512, batch 2:
+#: 64 mixer rows and 16 FFN rows per block, measured the lowest peak without a slower step).
+BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
 
 
-def block_rows_for(tokens: int, mode: str, block_rows: int | None) -> int | None:
-    """Rows per block for a square of ``tokens`` tokens, or None for the full square. While
-    torch.compile or torch.export traces, ``"auto"`` keeps the full square: a branch on the
-    length would pin a dynamic length to one side of `AUTO_MIN_T`."""
+def block_rows_for(tokens: int, mode: str, block_rows: int | None, *, row_pairs: int = 1,
+                   stage: str = "mixer") -> int | None:
+    """Rows per block for ``tokens`` query rows of ``row_pairs`` pairs each (batch x columns)
+    in ``stage`` ("mixer" or "ffn"), or None for the full square. While torch.compile or
+    torch.export traces, ``"auto"`` keeps the full square: a branch on the length would pin a
+    dynamic length to one side of `AUTO_MIN_T`."""
     if mode == "full":
         return None
     if mode == "auto":
@@ -40,7 +46,7 @@ def block_rows_for(tokens: int, mode: str, block_rows: int | None) -> int | None
                   or not isinstance(tokens, int))  # a symbolic length: tracing
         if traced or tokens < AUTO_MIN_T:
             return None
-    return block_rows or DEFAULT_BLOCK_ROWS
+    return block_rows or max(1, BLOCK_PAIRS[stage] // max(1, row_pairs))
 
 
 def set_memory(model: nn.Module, mode: str = "auto", block_rows: int | None = None) -> nn.Module:

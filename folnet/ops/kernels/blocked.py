@@ -13,12 +13,16 @@ the weight gradients are summed (float32: ~1e-7 relative).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 
 from folnet.errors import FolnetError
+from folnet.ops.kernels.linear import mm_linear, wgrad
 
-__all__ = ["blocked_binary_ffn"]
+__all__ = ["blocked_binary_ffn", "recompute_blocks"]
 
 
 def _block(n: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,16 +31,20 @@ def _block(n: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 class _BlockedBinaryFFN(torch.autograd.Function):
-    """``out = W_o gelu(W_i [n, n^T] + b_i) + b_o + W_s n^T + b_s``, block by block."""
+    """``out = W_o gelu(W_i [n, n^T] + b_i) + b_o + W_s n^T + b_s``, block by block, with the
+    products on the CPU fast path (`folnet.ops.kernels.linear`) where it applies."""
 
     @staticmethod
     def forward(ctx, n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows):
+        d2 = n.shape[-1]
         out = torch.empty_like(n)  # (B, T, T, D2)
         for r0 in range(0, n.shape[1], rows):
             r1 = min(n.shape[1], r0 + rows)
             own, across = _block(n, r0, r1)  # (B, R, T, D2) each
-            hidden = F.gelu(F.linear(torch.cat([own, across], -1), w_in, b_in))  # (B, R, T, F2)
-            out[:, r0:r1] = F.linear(hidden, w_out, b_out) + F.linear(across, w_skip, b_skip)
+            both = torch.cat([own, across], -1).view(-1, 2 * d2)  # (P, 2 D2), P = B R T
+            piece = mm_linear(F.gelu(mm_linear(both, w_in, b_in)), w_out, b_out)  # (P, D2)
+            piece.addmm_(both[:, d2:], w_skip.t()).add_(b_skip)
+            out[:, r0:r1] = piece.view(own.shape)
         ctx.save_for_backward(n, w_in, b_in, w_out, w_skip)
         ctx.rows = rows
         return out
@@ -45,6 +53,7 @@ class _BlockedBinaryFFN(torch.autograd.Function):
     def backward(ctx, grad):
         n, w_in, b_in, w_out, w_skip = ctx.saved_tensors
         d2 = n.shape[-1]
+        w_out_t, w_in_t = w_out.t().contiguous(), w_in.t().contiguous()
         grad_n = torch.zeros_like(n)
         grad_w_in, grad_b_in = torch.zeros_like(w_in), torch.zeros_like(b_in)
         grad_w_out, grad_w_skip = torch.zeros_like(w_out), torch.zeros_like(w_skip)
@@ -52,17 +61,18 @@ class _BlockedBinaryFFN(torch.autograd.Function):
         for r0 in range(0, n.shape[1], ctx.rows):
             r1 = min(n.shape[1], r0 + ctx.rows)
             own, across = _block(n, r0, r1)
-            both = torch.cat([own, across], -1).flatten(0, -2)  # (P, 2 D2), P = B R T
-            h = F.linear(both, w_in, b_in)  # (P, F2) recomputed
+            both = torch.cat([own, across], -1).view(-1, 2 * d2)  # (P, 2 D2)
+            h = mm_linear(both, w_in, b_in)  # (P, F2) recomputed
             g = grad[:, r0:r1].reshape(-1, d2)  # (P, D2)
-            grad_w_out += g.t() @ F.gelu(h)
+            grad_w_out += wgrad(g, F.gelu(h))
             grad_b += g.sum(0)
-            grad_h = torch.ops.aten.gelu_backward(g @ w_out, h)  # (P, F2)
-            grad_w_in += grad_h.t() @ both
+            grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w_out_t, None), h)  # (P, F2)
+            del h
+            grad_w_in += wgrad(grad_h, both)
             grad_b_in += grad_h.sum(0)
-            grad_both = grad_h @ w_in  # (P, 2 D2)
-            flat_across = across.reshape(-1, d2)
-            grad_w_skip += g.t() @ flat_across
+            grad_both = mm_linear(grad_h, w_in_t, None)  # (P, 2 D2)
+            del grad_h
+            grad_w_skip += wgrad(g, both[:, d2:].contiguous())
             shape = own.shape  # (B, R, T, D2)
             grad_n[:, r0:r1] += grad_both[:, :d2].view(shape)
             # d/d u2(y, x) for the block's x: the FFN's second half and the skip Linear
@@ -89,3 +99,175 @@ def blocked_binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor,
             return blocked_binary_ffn(*(t.to(dtype) for t in (n, w_in, b_in, w_out, b_out,
                                                                w_skip, b_skip)), rows=rows)
     return _BlockedBinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows)
+
+
+class _RecomputedBlocks(torch.autograd.Function):
+    """Outputs assembled block by block from ``run`` without keeping any block's graph: the
+    forward runs the prologue and every block without autograd and saves only the inputs
+    (through ``save_for_backward``, so an enclosing activation checkpoint drops them too); the
+    backward reruns the prologue, then each block under the random and autocast state its
+    forward had, taking its gradients with ``torch.autograd.grad`` -- a slab's into its slice of
+    its input's gradient, so no block makes a full-size gradient of what it reads by rows --
+    and last the prologue's, from the gradients its outputs gathered over the blocks.
+    Parameter gradients come back as this function's own input gradients, once per
+    parameter, as a DistributedDataParallel hook expects."""
+
+    @staticmethod
+    def forward(ctx, run, prologue, spans, slabs, params, *tensors):
+        inputs = tensors[: len(tensors) - len(params)]  # then the parameters, for their grads
+        device = inputs[0].device
+        ctx.run, ctx.prologue, ctx.spans, ctx.slabs, ctx.params = run, prologue, spans, slabs, \
+            params
+        ctx.autocast = _autocast_state(device)
+        ctx.states = []
+        made = _made(prologue, spans, slabs, inputs)
+        pieces = []
+        for r0, r1 in spans:
+            ctx.states.append(_rng_state(device))
+            views = [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs]
+            pieces.append(run(r0, r1, inputs, views, made))
+        ctx.save_for_backward(*inputs)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+        return tuple(torch.cat(parts, 1) for parts in zip(*pieces, strict=True))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = ctx.saved_tensors
+        skip = (None,) * 5
+        used = [k for k, g in enumerate(grads) if g is not None]
+        if not used:
+            return skip + (None,) * len(inputs) + (None,) * len(ctx.params)
+        device = inputs[0].device
+        wanted = [i for i in range(len(inputs)) if ctx.needs_input_grad[5 + i]]
+        slabs = [(k, i, dim) for k, (i, dim) in enumerate(ctx.slabs) if i in wanted]
+        params = [p for p in ctx.params if p.requires_grad]
+        by_input: dict[int, torch.Tensor] = {}
+        by_param: dict[int, torch.Tensor] = {}
+        by_made: dict[int, torch.Tensor] = {}
+        made: tuple[torch.Tensor, ...] = ()
+        if ctx.prologue is not None:  # its values only: its graph is rebuilt at the end
+            with torch.no_grad(), _autocast(device, ctx.autocast):
+                made = tuple(m.requires_grad_() for m in _made(ctx.prologue, ctx.spans,
+                                                                 ctx.slabs, inputs))
+        for (r0, r1), state in zip(ctx.spans, ctx.states, strict=True):
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                    torch.enable_grad(), _autocast(device, ctx.autocast):
+                _set_rng_state(device, state)
+                leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
+                views = [inputs[i].narrow(dim, r0, r1 - r0).detach().requires_grad_(i in wanted)
+                         for i, dim in ctx.slabs]
+                outs = ctx.run(r0, r1, leaves, views, made)
+                got = list(torch.autograd.grad(
+                    [outs[k] for k in used],
+                    [leaves[i] for i in wanted] + [views[k] for k, _, _ in slabs] + list(made)
+                    + params,
+                    [grads[k].narrow(1, r0, r1 - r0) for k in used], allow_unused=True))
+            for j in range(len(made)):  # (taken out of the middle of got)
+                _accumulate(by_made, j, got.pop(len(wanted) + len(slabs)))
+            _gather(got, wanted, slabs, params, inputs, by_input, by_param, r0, r1)
+            del leaves, views, outs, got  # the block's graph, before the next block's
+        del made
+        fn, dims = ctx.prologue if ctx.prologue is not None else (None, ())
+        js = sorted(by_made)
+        for r0, r1 in ctx.spans if js else ():  # the prologue's backward, span by span
+            with torch.enable_grad(), _autocast(device, ctx.autocast):
+                leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
+                views = [inputs[i].narrow(dim, r0, r1 - r0).detach().requires_grad_(i in wanted)
+                         for i, dim in ctx.slabs]
+                made = fn(r0, r1, leaves, views)
+                got = list(torch.autograd.grad(
+                    [made[j] for j in js],
+                    [leaves[i] for i in wanted] + [views[k] for k, _, _ in slabs] + params,
+                    [by_made[j].narrow(dims[j], r0, r1 - r0) for j in js], allow_unused=True))
+            _gather(got, wanted, slabs, params, inputs, by_input, by_param, r0, r1)
+            del leaves, views, made, got
+        return (*skip, *(by_input.get(i) for i in range(len(inputs))),
+                *(by_param.get(id(p)) for p in ctx.params))
+
+
+def _made(prologue, spans, slabs, inputs) -> tuple[torch.Tensor, ...]:
+    """What the prologue makes for all rows: its spans' outputs concatenated, each along its
+    row dimension (no autograd: the caller is a forward or takes values only)."""
+    if prologue is None:
+        return ()
+    fn, dims = prologue
+    pieces = [fn(r0, r1, inputs, [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs])
+              for r0, r1 in spans]
+    return tuple(torch.cat(parts, d) for parts, d in zip(zip(*pieces, strict=True), dims,
+                                                         strict=True))
+
+
+def _gather(got, wanted, slabs, params, inputs, by_input, by_param, r0, r1) -> None:
+    """Add one span's gradients -- of the wanted inputs, of their slabs (into their slices),
+    of the parameters, in that order in ``got`` -- to the running totals."""
+    for i in wanted:
+        _accumulate(by_input, i, got.pop(0))
+    for _, i, dim in slabs:
+        g = got.pop(0)
+        if g is not None:
+            if i not in by_input:
+                by_input[i] = torch.zeros_like(inputs[i])
+            by_input[i].narrow(dim, r0, r1 - r0).add_(g)
+    for p in params:
+        _accumulate(by_param, id(p), got.pop(0))
+
+
+def _accumulate(total: dict, key, grad: torch.Tensor | None) -> None:
+    if grad is None:
+        return
+    if key in total:
+        total[key].add_(grad)
+    else:  # the first gradient may be an expanded view (a broadcast bias): own it
+        total[key] = grad.contiguous()
+
+
+def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype] | None:
+    """Whether autocast is on for ``device`` and in which dtype (None: a device without it)."""
+    if device.type not in ("cpu", "cuda"):
+        return None
+    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
+def _autocast(device: torch.device, state: tuple[bool, torch.dtype] | None):
+    """A context restoring the autocast state a forward had (a backward runs outside it)."""
+    if state is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=state[1], enabled=state[0])
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def recompute_blocks(run: Callable[..., tuple[torch.Tensor, ...]],
+                     spans: Sequence[tuple[int, int]], inputs: Sequence[torch.Tensor],
+                     params: Sequence[torch.Tensor], slabs: Sequence[tuple[int, int]] = (),
+                     prologue: tuple[Callable[..., tuple[torch.Tensor, ...]],
+                                     tuple[int, ...]] | None = None
+                     ) -> tuple[torch.Tensor, ...]:
+    """``run(r0, r1, inputs, views, made)`` for every span of rows, its outputs (each with the
+    rows on dim 1) concatenated over the spans, recomputed span by span in the backward pass
+    (see `_RecomputedBlocks`). ``views[k]`` is ``inputs[i].narrow(dim, r0, r1 - r0)`` for the
+    k-th ``(i, dim)`` of ``slabs``: read a block's slab through it, not by slicing the input,
+    so that its gradient is slab-sized. ``prologue = (fn, dims)`` makes what every block reads
+    whole: ``fn(r0, r1, inputs, views)`` returns its rows r0:r1 along ``dims``; ``made`` is
+    their concatenation over the spans (``()`` without a prologue). ``run`` and ``fn`` may
+    read ``params`` (the parameters they use) directly; every other tensor they differentiate
+    must come through ``inputs``. Under no autograd it is a plain loop."""
+    if not torch.is_grad_enabled():
+        made = _made(prologue, spans, slabs, inputs)
+        pieces = [run(r0, r1, inputs, [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs],
+                      made) for r0, r1 in spans]
+        return tuple(torch.cat(parts, 1) for parts in zip(*pieces, strict=True))
+    params = tuple(params)
+    return _RecomputedBlocks.apply(run, prologue, tuple(spans), tuple(slabs), params, *inputs,
+                                   *params)

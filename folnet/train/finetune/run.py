@@ -38,6 +38,7 @@ import torch
 from folnet.arch import read_metadata
 from folnet.errors import FolnetError
 from folnet.io import atomic_write_json, remove_leftovers, write_faults
+from folnet.runtime import tune_cpu_allocator
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine.distributed import resolve_device
 from folnet.train.engine.lock import RunLock
@@ -192,6 +193,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
                           "kinship/symbolic")
     task = resolve_task(config.task)
     _selection_split(task, config)  # fail before reading anything
+    tune_cpu_allocator(config.hyper(task).max_len)  # long inputs: see `folnet.runtime`
     if config.out is None:
         raise FolnetError("--out is required: the directory for eval.json, predictions and "
                           "the finetuned model")

@@ -110,7 +110,9 @@ def pretrain(config: PretrainConfig) -> Path:
     """Run (or resume) pretraining; returns ``OUT/final`` (model + tokenizer)."""
     if config.out is None:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
-    tune_cpu_allocator()  # a training process: keep large tensors on the heap (2x on CPU)
+    # a training process: keep tensors on the heap (2x on CPU), the large ones of long
+    # sequences excepted (`folnet.runtime`)
+    tune_cpu_allocator(config.seq_len)
     ctx = init_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()
     # one run per OUT (rank 0 holds it); a full disk or read-only OUT is one line naming a file
