@@ -44,6 +44,15 @@ def test_official_fixture_reproduces_reference_outputs(reference):
     _check(model, reference)
 
 
+@pytest.mark.parametrize("block_rows", [1, 5])
+def test_fixture_matches_in_row_blocks(reference, block_rows):
+    """The row-blocked layers (mixer and binary FFN, `folnet.set_memory`) reproduce the
+    released outputs too, whatever the block size (the fixture's T is not a multiple of 5)."""
+    model = folnet.set_memory(folnet.load_official(PREFIX), "blocked", block_rows=block_rows)
+    assert reference["input_ids"].shape[1] % 5 != 0
+    _check(model, reference)
+
+
 @pytest.mark.parametrize("backend", ["fused", "einsum"])
 def test_fixture_matches_on_every_cpu_backend(reference, backend):
     model = folnet.load_official(PREFIX, backend=backend)

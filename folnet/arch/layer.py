@@ -88,18 +88,14 @@ class DualStreamLayer(nn.Module):
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
         return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
 
-    @staticmethod
-    def _binary_dtype(u2: torch.Tensor) -> torch.dtype:
-        """The dtype the normalised binary stream is read in: CPU autocast's, else its own."""
-        if u2.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            return torch.get_autocast_dtype("cpu")
-        return u2.dtype
-
     def _norm_binary(self, u2: torch.Tensor) -> torch.Tensor:
-        """LN of the binary stream (or of a slab of it), cast once under CPU autocast for all
-        its readers (the projection and every folded einsum), not once per reader (and one
-        gradient conversion per reader)."""
-        return self._norm(u2, self.cfg.D2).to(self._binary_dtype(u2))
+        """LN of the binary stream, cast once under CPU autocast for all its readers (the
+        projection and every folded einsum), not once per reader (and one gradient conversion
+        per reader)."""
+        n2 = self._norm(u2, self.cfg.D2)
+        if n2.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            n2 = n2.to(torch.get_autocast_dtype("cpu"))
+        return n2
 
     # -- projections -----------------------------------------------------------------------------
     def _project(self, n1, n2, layouts, keys):
@@ -258,14 +254,7 @@ class DualStreamLayer(nn.Module):
         `_mix`), before it. Every reduction runs along a row's columns, so each block's
         softmax is exact: outputs equal `_mix`'s."""
         backends, layouts, wanted = plan
-        where: dict[tuple[int, str], str] = {}
-        for i in wanted:
-            spec = self.ops[i].spec
-            q = masks.query_letter(spec)
-            for r in ROLES:
-                toks = spec.tokens(r)
-                where[i, r] = "row" if toks[0] == q else "col" if toks[-1] == q else "all"
-        keys = {w: [k for k, v in where.items() if v == w] for w in ("row", "col", "all")}
+        keys = self._reach(wanted)
         folded = [k for k in keys["all"] if layouts[k[0]][k[1]] == "fold"]  # read the full n2
         common = [k for k in keys["all"] if k not in folded]  # made once for all rows
         premasked = {}
@@ -309,7 +298,9 @@ class DualStreamLayer(nn.Module):
             return tuple(t for t in mixed if t is not None)
 
         spans = [(r0, min(count, r0 + rows)) for r0 in range(0, count, rows)]
-        # the column slab only of a full square (whose columns are its rows)
+        # views: n1's and n2's row slabs, and n2's column slab on a full square (whose columns
+        # are its rows; query rows of a longer domain are causal, whose operators' causal form
+        # reads no column slab: the third view then goes unread)
         slabs = [(0, 1), (1, 1), (1, 2 if domain.rows is None else 1)]
         outs = iter(recompute_blocks(block, spans, inputs, list(self.parameters()), slabs,
                                      prologue=prologue))
@@ -317,6 +308,19 @@ class DualStreamLayer(nn.Module):
         has_b = any(self.slots[i].spec.typing.output == "B" for i in wanted)
         return (next(outs) if has_u else None,  # (B, Q, M1)
                 next(outs) if has_b else None)  # (B, Q, n, D2)
+
+    def _reach(self, wanted: list[int]) -> dict[str, list[tuple[int, str]]]:
+        """The kernels and premises by what a block of query rows reads of them: ``"row"``
+        (first token the query letter: the block's rows), ``"col"`` (second token the query
+        letter: its columns) or ``"all"`` (neither: the whole tensor)."""
+        keys: dict[str, list[tuple[int, str]]] = {"row": [], "col": [], "all": []}
+        for i in wanted:
+            spec = self.ops[i].spec
+            q = masks.query_letter(spec)
+            for r in ROLES:
+                toks = spec.tokens(r)
+                keys["row" if toks[0] == q else "col" if toks[-1] == q else "all"].append((i, r))
+        return keys
 
     def _operate(self, parts, backends, domain, wanted, premasked):
         """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]}."""
