@@ -36,8 +36,9 @@ from folnet.arch.plan import LayerPlan
 from folnet.arch.relative import static_relative
 from folnet.arch.slots import STREAMS, FusedOutput, FusedProjection, Segment, build_slots, natural
 from folnet.ops import Operand, compile_operator, masks
-from folnet.ops.kernels import dropout_add, linear, segmented_linear
+from folnet.ops.kernels import dropout_add, keep_mask, linear, segmented_linear
 from folnet.ops.kernels.blocked import recompute_blocks
+from folnet.ops.kernels.dropout import masked_scale
 
 ROLES = ("kernel", "premise")
 
@@ -213,9 +214,10 @@ class DualStreamLayer(nn.Module):
             layouts[i] = {r: backends[i].layout(op, r) for r in ROLES}
         plan = (backends, layouts, wanted)
         keep = domain.keep()  # (B|1, Q, n, 1) or None
-        mixed = (self._mix(n1, n2, domain, plan, context, keep) if rows is None
-                 else self._mix_blocked(n1, n2, domain, plan, context, keep, rows))
-        u1, u2 = self._write(u1, u2, *mixed, keep)
+        if rows is None:
+            u1, u2 = self._write(u1, u2, *self._mix(n1, n2, domain, plan, context, keep), keep)
+        else:
+            u1, u2 = self._mix_blocked(u1, u2, n1, n2, domain, plan, context, keep, rows)
         u1 = dropout_add(u1, self.ffn_u(self._norm(u1, cfg.D1)), cfg.dropout, self.training)
         if unary_only:
             return u1, None
@@ -242,7 +244,7 @@ class DualStreamLayer(nn.Module):
             parts.update(taken)
         return self._updates(self._operate(parts, backends, domain, wanted, premasked), domain)
 
-    def _mix_blocked(self, n1, n2, domain, plan, context, keep, rows):
+    def _mix_blocked(self, u1, u2, n1, n2, domain, plan, context, keep, rows):
         """The mixer ``rows`` query rows at a time, each block recomputed in the backward pass
         (`folnet.ops.kernels.recompute_blocks`), so that its projections, kernels and premises
         (N2 channels per pair) are alive for one block only. Read from the operator specs: a
@@ -252,39 +254,35 @@ class DualStreamLayer(nn.Module):
         premises) once for all rows -- by the recomputed function's prologue, span by span,
         or, when a causal layer hands them to ``context`` (its context channels, as in
         `_mix`), before it. Every reduction runs along a row's columns, so each block's
-        softmax is exact: outputs equal `_mix`'s."""
+        softmax is exact: outputs equal `_mix`'s. The blocks also apply the binary update's
+        residual dropout (masks drawn first, in `_write`'s order), so the gradient they receive
+        is the residual's own, not a second full-size tensor; returns u1 and u2 updated."""
         backends, layouts, wanted = plan
         keys = self._reach(wanted)
         folded = [k for k in keys["all"] if layouts[k[0]][k[1]] == "fold"]  # read the full n2
         common = [k for k in keys["all"] if k not in folded]  # made once for all rows
-        premasked = {}
-        if context is None:  # made span by span inside, by the recomputed prologue
-            order, inputs = list(common), [n1, n2]
-            letters = [self._letters(i, r, layouts[i][r]) for i, r in order]
-            # each made tensor's row axis: after the channels of a channels-first one
-            dims = tuple(1 + (len(self.slots[i].segment(r).channels)
-                              if layouts[i][r] == "cf" else 0) for i, r in order)
-
-            def made_rows(r0, r1, inputs, views):
-                parts = self._project(views[0], views[1].contiguous(), layouts, common)
-                return tuple(parts[k].tensor for k in order)
-
-            prologue = (made_rows, dims) if order else None
-        else:  # the hook reads them: made here, handed in as inputs
-            prologue = None
-            parts = self._project(n1, n2, layouts, common)
-            taken, premasked = self._context(parts, keep, context)
-            parts.update(taken)
-            order = list(parts)
-            letters = [parts[k].letters for k in order]
-            inputs = [n1, n2, *(parts[k].tensor for k in order)]
+        order, letters, inputs, prologue, premasked = self._shared(n1, n2, layouts, common,
+                                                                   context, keep)
         count = n2.shape[1]
         at = (domain.rows if domain.rows is not None
               else torch.arange(count, device=n2.device))  # (Q,) domain positions
+        has_u = any(self.slots[i].spec.typing.output == "U" for i in wanted)
+        has_b = any(self.slots[i].spec.typing.output == "B" for i in wanted)
+        p = self.cfg.dropout if self.training else 0.0
+        drop_u = keep_mask(u1.shape, p, u1.device) if p and has_u else None
+        drop_b = keep_mask(u2.shape, p, u2.device) if p and has_b else None  # (B, Q, n, D2)
+        # views: n1's and n2's row slabs, n2's column slab on a full square (whose columns are
+        # its rows; query rows of a longer domain are causal, whose operators' causal form
+        # reads no column slab: the third view then goes unread), the dropout mask's rows
+        slabs = [(0, 1), (1, 1), (1, 2 if domain.rows is None else 1)]
+        if drop_b is not None:
+            slabs.append((len(inputs), 1))
+            inputs = [*inputs, drop_b]
+        shared_end, scale = len(order) + 2, (1.0 / (1.0 - p) if drop_b is not None else None)
 
         def block(r0: int, r1: int, inputs, views, made):
-            given = made if prologue is not None else inputs[2:]
-            rows1, rows2, cols2 = views  # (B, R, D1), (B, R, n, D2), (B, n, R, D2)
+            given = made if prologue is not None else inputs[2:shared_end]
+            rows1, rows2, cols2 = views[:3]  # (B, R, D1), (B, R, n, D2), (B, n, R, D2)
             parts = {k: Operand(t, c) for k, t, c in zip(order, given, letters, strict=True)}
             parts.update({k: self._folded(*k, inputs[1]) for k in folded})
             # one contiguous copy of each slab, one block's worth
@@ -294,20 +292,45 @@ class DualStreamLayer(nn.Module):
             rel = None if domain.rel_ids is None else domain.rel_ids[:, r0:r1]
             sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible, rows=at[r0:r1],
                          rel_ids=rel)
-            mixed = self._updates(self._operate(parts, backends, sub, wanted, premasked), sub)
-            return tuple(t for t in mixed if t is not None)
+            mixed_u, update = self._updates(self._operate(parts, backends, sub, wanted,
+                                                          premasked), sub)
+            if update is not None and scale is not None:  # (B, R, n, D2)
+                update = masked_scale(update, views[3], scale)  # (no tensor in the closure)
+            return tuple(t for t in (mixed_u, update) if t is not None)
 
         spans = [(r0, min(count, r0 + rows)) for r0 in range(0, count, rows)]
-        # views: n1's and n2's row slabs, and n2's column slab on a full square (whose columns
-        # are its rows; query rows of a longer domain are causal, whose operators' causal form
-        # reads no column slab: the third view then goes unread)
-        slabs = [(0, 1), (1, 1), (1, 2 if domain.rows is None else 1)]
         outs = iter(recompute_blocks(block, spans, inputs, list(self.parameters()), slabs,
                                      prologue=prologue))
-        has_u = any(self.slots[i].spec.typing.output == "U" for i in wanted)
-        has_b = any(self.slots[i].spec.typing.output == "B" for i in wanted)
-        return (next(outs) if has_u else None,  # (B, Q, M1)
-                next(outs) if has_b else None)  # (B, Q, n, D2)
+        if has_u:  # (B, Q, M1)
+            u1 = dropout_add(u1, self.out_u(next(outs)), p, self.training, drop_u)
+        if has_b:  # (B, Q, n, D2), dropped out already
+            u2 = u2 + next(outs)
+            if keep is not None:
+                u2 = u2 * keep
+        return u1, u2
+
+    def _shared(self, n1, n2, layouts, common, context, keep):
+        """How the blocks get the operands they read whole (``common``): (their keys, their
+        letters, the recomputed function's inputs, its prologue, premasked roles). Without a
+        context hook a prologue makes them span by span inside the function; a causal layer's
+        hook must see them (its context channels), so they are made here and handed in."""
+        if context is None:
+            letters = [self._letters(i, r, layouts[i][r]) for i, r in common]
+            # each made tensor's row axis: after the channels of a channels-first one
+            dims = tuple(1 + (len(self.slots[i].segment(r).channels)
+                              if layouts[i][r] == "cf" else 0) for i, r in common)
+
+            def made_rows(r0, r1, inputs, views):  # rows r0:r1 from the row slabs
+                parts = self._project(views[0], views[1].contiguous(), layouts, common)
+                return tuple(parts[k].tensor for k in common)
+
+            return list(common), letters, [n1, n2], (made_rows, dims) if common else None, {}
+        parts = self._project(n1, n2, layouts, common)
+        taken, premasked = self._context(parts, keep, context)
+        parts.update(taken)
+        order = list(parts)
+        letters = [parts[k].letters for k in order]
+        return order, letters, [n1, n2, *(parts[k].tensor for k in order)], None, premasked
 
     def _reach(self, wanted: list[int]) -> dict[str, list[tuple[int, str]]]:
         """The kernels and premises by what a block of query rows reads of them: ``"row"``

@@ -121,14 +121,15 @@ class _RecomputedBlocks(torch.autograd.Function):
         ctx.autocast = _autocast_state(device)
         ctx.states = []
         made = _made(prologue, spans, slabs, inputs)
-        pieces = []
-        for r0, r1 in spans:
+
+        def piece(r0, r1):
             ctx.states.append(_rng_state(device))
-            views = [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs]
-            pieces.append(run(r0, r1, inputs, views, made))
+            return run(r0, r1, inputs, _views(inputs, slabs, r0, r1), made)
+
+        outs = _assemble(spans, piece)
         ctx.save_for_backward(*inputs)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
-        return tuple(torch.cat(parts, 1) for parts in zip(*pieces, strict=True))
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -154,8 +155,8 @@ class _RecomputedBlocks(torch.autograd.Function):
                     torch.enable_grad(), _autocast(device, ctx.autocast):
                 _set_rng_state(device, state)
                 leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
-                views = [inputs[i].narrow(dim, r0, r1 - r0).detach().requires_grad_(i in wanted)
-                         for i, dim in ctx.slabs]
+                views = [v.detach().requires_grad_(i in wanted) for v, (i, _) in zip(
+                    _views(inputs, ctx.slabs, r0, r1), ctx.slabs, strict=True)]
                 outs = ctx.run(r0, r1, leaves, views, made)
                 got = list(torch.autograd.grad(
                     [outs[k] for k in used],
@@ -172,8 +173,8 @@ class _RecomputedBlocks(torch.autograd.Function):
         for r0, r1 in ctx.spans if js else ():  # the prologue's backward, span by span
             with torch.enable_grad(), _autocast(device, ctx.autocast):
                 leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
-                views = [inputs[i].narrow(dim, r0, r1 - r0).detach().requires_grad_(i in wanted)
-                         for i, dim in ctx.slabs]
+                views = [v.detach().requires_grad_(i in wanted) for v, (i, _) in zip(
+                    _views(inputs, ctx.slabs, r0, r1), ctx.slabs, strict=True)]
                 made = fn(r0, r1, leaves, views)
                 got = list(torch.autograd.grad(
                     [made[j] for j in js],
@@ -191,10 +192,33 @@ def _made(prologue, spans, slabs, inputs) -> tuple[torch.Tensor, ...]:
     if prologue is None:
         return ()
     fn, dims = prologue
-    pieces = [fn(r0, r1, inputs, [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs])
-              for r0, r1 in spans]
-    return tuple(torch.cat(parts, d) for parts, d in zip(zip(*pieces, strict=True), dims,
-                                                         strict=True))
+    return _assemble(spans, lambda r0, r1: fn(r0, r1, inputs, _views(inputs, slabs, r0, r1)),
+                     dims)
+
+
+def _views(inputs, slabs, r0: int, r1: int) -> list[torch.Tensor]:
+    """Each slab's rows r0:r1, as views."""
+    return [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs]
+
+
+def _assemble(spans, make, dims=None) -> tuple[torch.Tensor, ...]:
+    """``make(r0, r1)``'s tensors for every span, written into whole tensors along ``dims``
+    (default 1) as they come: no list of pieces then a concatenation, whose pieces would sit on
+    the heap between larger tensors."""
+    total = spans[-1][1]
+    outs: list[torch.Tensor] = []
+    for r0, r1 in spans:
+        pieces = make(r0, r1)
+        dims = dims or (1,) * len(pieces)
+        if not outs:
+            for t, d in zip(pieces, dims, strict=True):
+                shape = list(t.shape)
+                shape[d] = total
+                outs.append(t.new_empty(shape))
+        for out, t, d in zip(outs, pieces, dims, strict=True):
+            out.narrow(d, r0, r1 - r0).copy_(t)
+        del pieces
+    return tuple(outs)
 
 
 def _gather(got, wanted, slabs, params, inputs, by_input, by_param, r0, r1) -> None:
@@ -265,9 +289,8 @@ def recompute_blocks(run: Callable[..., tuple[torch.Tensor, ...]],
     must come through ``inputs``. Under no autograd it is a plain loop."""
     if not torch.is_grad_enabled():
         made = _made(prologue, spans, slabs, inputs)
-        pieces = [run(r0, r1, inputs, [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs],
-                      made) for r0, r1 in spans]
-        return tuple(torch.cat(parts, 1) for parts in zip(*pieces, strict=True))
+        return _assemble(spans, lambda r0, r1: run(r0, r1, inputs,
+                                                   _views(inputs, slabs, r0, r1), made))
     params = tuple(params)
     return _RecomputedBlocks.apply(run, prologue, tuple(spans), tuple(slabs), params, *inputs,
                                    *params)

@@ -74,12 +74,14 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
 
 
-def dropout_add(residual: torch.Tensor, x: torch.Tensor, p: float,
-                training: bool) -> torch.Tensor:
-    """``residual + dropout(x)``: the residual update of every stage."""
+def dropout_add(residual: torch.Tensor, x: torch.Tensor, p: float, training: bool,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual + dropout(x)``: the residual update of every stage. ``mask`` (a `keep_mask`
+    drawn earlier, on any device) replaces the draw."""
     if not training or p == 0.0:
         return residual + x
-    if x.device.type != "cpu":
+    if mask is None and x.device.type != "cpu":
         return residual + F.dropout(x, p, True)
-    mask = keep_mask(torch.broadcast_shapes(residual.shape, x.shape), p, x.device)
+    if mask is None:
+        mask = keep_mask(torch.broadcast_shapes(residual.shape, x.shape), p, x.device)
     return _DropoutAdd.apply(residual, x, mask, 1.0 / (1.0 - p))
