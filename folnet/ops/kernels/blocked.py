@@ -154,9 +154,7 @@ class _RecomputedBlocks(torch.autograd.Function):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
                     torch.enable_grad(), _autocast(device, ctx.autocast):
                 _set_rng_state(device, state)
-                leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
-                views = [v.detach().requires_grad_(i in wanted) for v, (i, _) in zip(
-                    _views(inputs, ctx.slabs, r0, r1), ctx.slabs, strict=True)]
+                leaves, views = _leaves(inputs, ctx.slabs, wanted, r0, r1)
                 outs = ctx.run(r0, r1, leaves, views, made)
                 got = list(torch.autograd.grad(
                     [outs[k] for k in used],
@@ -172,9 +170,7 @@ class _RecomputedBlocks(torch.autograd.Function):
         js = sorted(by_made)
         for r0, r1 in ctx.spans if js else ():  # the prologue's backward, span by span
             with torch.enable_grad(), _autocast(device, ctx.autocast):
-                leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
-                views = [v.detach().requires_grad_(i in wanted) for v, (i, _) in zip(
-                    _views(inputs, ctx.slabs, r0, r1), ctx.slabs, strict=True)]
+                leaves, views = _leaves(inputs, ctx.slabs, wanted, r0, r1)
                 made = fn(r0, r1, leaves, views)
                 got = list(torch.autograd.grad(
                     [made[j] for j in js],
@@ -199,6 +195,15 @@ def _made(prologue, spans, slabs, inputs) -> tuple[torch.Tensor, ...]:
 def _views(inputs, slabs, r0: int, r1: int) -> list[torch.Tensor]:
     """Each slab's rows r0:r1, as views."""
     return [inputs[i].narrow(dim, r0, r1 - r0) for i, dim in slabs]
+
+
+def _leaves(inputs, slabs, wanted, r0: int, r1: int):
+    """Detached copies (views) of the inputs and of their slabs' rows r0:r1 for one span's
+    recomputation, requiring gradients where the input is wanted."""
+    leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
+    views = [v.detach().requires_grad_(i in wanted)
+             for v, (i, _) in zip(_views(inputs, slabs, r0, r1), slabs, strict=True)]
+    return leaves, views
 
 
 def _assemble(spans, make, dims=None) -> tuple[torch.Tensor, ...]:
