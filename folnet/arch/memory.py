@@ -28,8 +28,9 @@ MEMORY_MODES = ("auto", "full", "blocked")
 #: Sequence length from which ``"auto"`` blocks.
 AUTO_MIN_T = 256
 #: Token pairs per block unless told otherwise, per stage: the FFN's pairs carry its hidden
-#: layer, about four times as wide as a mixer block's channels (small preset, T = 512, batch 2:
-#: 64 mixer rows and 16 FFN rows per block, measured the lowest peak without a slower step).
+#: layer, wider than a mixer block's channels (small preset, T = 512, batch 2: 64 mixer rows
+#: and 32 FFN rows per block; 128 mixer rows or 64 FFN rows measured a higher peak, 32 mixer
+#: rows or 16 FFN rows a slower step at no lower peak).
 BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
 
 
