@@ -30,7 +30,7 @@ AUTO_MIN_T = 256
 #: Token pairs per block unless told otherwise, per stage: the FFN's pairs carry its hidden
 #: layer, wider than a mixer block's channels (small preset, T = 512, batch 2: 64 mixer rows
 #: and 32 FFN rows per block; 128 mixer rows or 64 FFN rows measured a higher peak, 32 mixer
-#: rows or 16 FFN rows a slower step at no lower peak).
+#: rows a slower step and 16 FFN rows no lower peak).
 BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
 
 
