@@ -77,7 +77,7 @@ def measure(case: dict) -> dict:
         loss = model(ids, types, mlm_labels=labels, nsp_labels=nsp).loss
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     step(16)  # gradients and AdamW state exist from here on
     steady = _status_mb("VmRSS")

@@ -39,6 +39,23 @@ def test_value_and_every_gradient_match_the_full_square(rows):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 11])
+def test_dropout_inside_the_blocks_is_the_masked_full_square(rows):
+    """With a keep mask the output is ``ffn * keep / (1 - p)`` and so is every gradient's
+    upstream (the mask read by each block in both passes)."""
+    args = _inputs(seed=2)
+    p = 0.3
+    keep = torch.rand(args[0].shape, generator=torch.Generator().manual_seed(9)) >= p
+    assert 0 < keep.sum() < keep.numel()
+    weight = torch.randn(args[0].shape, dtype=torch.float64)
+    want = _reference(*args) * keep / (1 - p)
+    got = blocked_binary_ffn(*args, rows=rows, keep=keep, p=p)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad((got * weight).sum(), args),
+                    torch.autograd.grad((want * weight).sum(), args), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_float32_within_1e_5_relative():
     args = [a.detach().float().requires_grad_() for a in _inputs(t=33, seed=1)]
     full = _reference(*args)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import folnet
-from folnet.arch.memory import AUTO_MIN_T, BLOCK_PAIRS, block_rows_for
+from folnet.arch.memory import AUTO_MIN_T, BLOCK_PAIRS, block_reach, block_rows_for
 from folnet.errors import FolnetError
+from folnet.ops import get_operator
 
 V, T = 60, 11
 
@@ -122,9 +123,9 @@ def test_blocked_really_blocks(monkeypatch):
     seen = []
     real = ffn_module.blocked_binary_ffn
 
-    def spy(*args, rows):
+    def spy(*args, rows, **kwargs):
         seen.append((args[0].shape[1], rows))
-        return real(*args, rows=rows)
+        return real(*args, rows=rows, **kwargs)
 
     monkeypatch.setattr(ffn_module, "blocked_binary_ffn", spy)
     model = folnet.build_model("jmc.atp", preset="tiny", vocab_size=V, dropout=0.0)
@@ -233,3 +234,18 @@ def test_blocked_saves_no_tensor_wider_than_the_stream(kind):
     d2 = model.cfg.D2
     assert _widest_saved(model, batch, "full") >= model.cfg.F2
     assert _widest_saved(model, batch, "blocked") <= d2
+
+
+def test_block_reach_reads_the_query_letter_from_the_specs():
+    """What a block of rows reads of each kernel and premise, from the typing specs alone
+    (bidirectional forms): the query letter first -> its rows, last -> its columns."""
+    specs = {i: get_operator(s) for i, s in enumerate("jmcatp")}
+    reach = {(specs[i].symbol, role): where for where, keys in block_reach(specs).items()
+             for i, role in keys}
+    assert reach == {
+        ("j", "kernel"): "row", ("j", "premise"): "all",  # x a h / a h s
+        ("m", "kernel"): "row", ("m", "premise"): "row",
+        ("c", "kernel"): "all", ("c", "premise"): "col",  # a s h / a x s
+        ("a", "kernel"): "row", ("a", "premise"): "all",  # x h w / y h w
+        ("t", "kernel"): "row", ("t", "premise"): "all",  # x a h / a y h
+        ("p", "kernel"): "row", ("p", "premise"): "row"}

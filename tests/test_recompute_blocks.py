@@ -3,10 +3,12 @@ the whole tensor (float64), with a prologue, row and column slabs, parameters an
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from folnet.ops.kernels.blocked import recompute_blocks
+from folnet.ops.kernels.sink import sink_einsum
 
 B, T, D, H = 2, 9, 5, 3
 
@@ -33,15 +35,19 @@ def _reference(x, u, w, v, p: float = 0.0):
     return out_u, out_b
 
 
-def _blocked(x, u, w, v, rows: int, p: float = 0.0):
+def _blocked(x, u, w, v, rows: int, p: float = 0.0, sink: bool = False):
     def prologue(r0, r1, inputs, views):
         return (F.linear(views[1], v).tanh(),)  # rows r0:r1 of the shared premise (dim 1)
 
-    def run(r0, r1, inputs, views, made):
+    def run(r0, r1, inputs, views, made, sinks):
         u_rows, x_rows, x_cols = views  # (B, R, D), (B, R, T, D), (B, T, R, D)
         kernel = F.linear(x_rows, w)
         kernel = F.dropout(kernel, p) if p else kernel
-        out_b = torch.einsum("bxah,bayh->bxyh", kernel.softmax(2), made[0])
+        if sink:  # the shared premise's gradient added to its sink in place
+            out_b = sink_einsum("bxah,bayh->bxyh", kernel.softmax(2), made[0],
+                                sinks=(None, sinks[0]))
+        else:
+            out_b = torch.einsum("bxah,bayh->bxyh", kernel.softmax(2), made[0])
         out_b = out_b + F.linear(x_cols.transpose(1, 2), w).sigmoid()
         out_u = (F.linear(u_rows, w) * out_b.mean(2)).sum(-1, keepdim=True)
         return out_u, out_b
@@ -57,12 +63,13 @@ def _grads(outs, tensors, seed=3):
     return torch.autograd.grad(loss, tensors)
 
 
-def test_equals_autograd_over_the_whole_square():
+@pytest.mark.parametrize("sink", [False, True])
+def test_equals_autograd_over_the_whole_square(sink):
     x, u, w, v = _setup()
     ref = _reference(x, u, w, v)
     ref_grads = _grads(ref, (x, u, w, v))
     for rows in (1, 2, 4, T):
-        got = _blocked(x, u, w, v, rows)
+        got = _blocked(x, u, w, v, rows, sink=sink)
         for a, b in zip(got, ref, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
         for a, b in zip(_grads(got, (x, u, w, v)), ref_grads, strict=True):

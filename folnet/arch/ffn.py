@@ -35,14 +35,16 @@ class BinaryFFN(nn.Module):
         self.skip = nn.Linear(d2, d2)
 
     def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None, *,
-                block_rows: int | None = None) -> torch.Tensor:
+                block_rows: int | None = None, keep: torch.Tensor | None = None,
+                p: float = 0.0) -> torch.Tensor:
         """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
         for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`).
         ``block_rows`` runs a full square that many query rows at a time, recomputing each
-        block in the backward pass (`folnet.ops.kernels.blocked`)."""
+        block in the backward pass (`folnet.ops.kernels.blocked`); there ``keep`` (a bool
+        mask of n2's shape) applies the residual dropout of rate ``p`` to the output."""
         if block_rows is not None:
             return blocked_binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight,
                                       self.out.bias, self.skip.weight, self.skip.bias,
-                                      rows=block_rows)
+                                      rows=block_rows, keep=keep, p=p)
         return binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight, self.out.bias,
                           self.skip.weight, self.skip.bias, nt=n2t)

@@ -31,7 +31,7 @@ from torch import nn
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import ContextHook, Domain
 from folnet.arch.ffn import BinaryFFN, UnaryFFN
-from folnet.arch.memory import block_rows_for
+from folnet.arch.memory import block_reach, block_rows_for
 from folnet.arch.plan import LayerPlan
 from folnet.arch.relative import static_relative
 from folnet.arch.slots import STREAMS, FusedOutput, FusedProjection, Segment, build_slots, natural
@@ -48,6 +48,12 @@ def _apply(fused: FusedProjection | FusedOutput, x: torch.Tensor) -> torch.Tenso
     Function's forward) module hooks, such as FlopCounterMode's, must not run."""
     bias = fused.full() if isinstance(fused, FusedProjection) else fused.bias.sum(0)
     return F.linear(x, fused.weight, bias)
+
+
+def _added(u2: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """``u2 + update`` for an update made just now: written into it when the dtypes agree (one
+    full-size allocation fewer)."""
+    return update.add_(u2) if update.dtype == u2.dtype else u2 + update
 
 
 class DualStreamLayer(nn.Module):
@@ -223,14 +229,16 @@ class DualStreamLayer(nn.Module):
             return u1, None
         n2 = self._norm(u2, cfg.D2)
         # a full square (bidirectional or causal: u2 is masked, so its transpose is n2's) may
-        # run in blocks of rows; query rows of a longer domain pass their transposed input
+        # run in blocks of rows, applying the residual dropout there (one mask, as
+        # `dropout_add` draws it); query rows of a longer domain pass their transposed input
         if rows is not None and domain.rows is None:
-            ffn = self.ffn_b(n2, block_rows=block_rows_for(
+            p = cfg.dropout if self.training else 0.0
+            u2 = _added(u2, self.ffn_b(n2, block_rows=block_rows_for(
                 n2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs,
-                stage="ffn"))
+                stage="ffn"), keep=keep_mask(u2.shape, p, u2.device) if p else None, p=p))
         else:
-            ffn = self.ffn_b(n2, domain.transposed(n2))
-        u2 = dropout_add(u2, ffn, cfg.dropout, self.training)
+            u2 = dropout_add(u2, self.ffn_b(n2, domain.transposed(n2)), cfg.dropout,
+                             self.training)
         return u1, (u2 if keep is None else u2 * keep)
 
     def _mix(self, n1, n2, domain, plan, context, keep):
@@ -258,7 +266,7 @@ class DualStreamLayer(nn.Module):
         residual dropout (masks drawn first, in `_write`'s order), so the gradient they receive
         is the residual's own, not a second full-size tensor; returns u1 and u2 updated."""
         backends, layouts, wanted = plan
-        keys = self._reach(wanted)
+        keys = block_reach({i: self.ops[i].spec for i in wanted})
         folded = [k for k in keys["all"] if layouts[k[0]][k[1]] == "fold"]  # read the full n2
         common = [k for k in keys["all"] if k not in folded]  # made once for all rows
         order, letters, inputs, prologue, premasked = self._shared(n1, n2, layouts, common,
@@ -280,10 +288,13 @@ class DualStreamLayer(nn.Module):
             inputs = [*inputs, drop_b]
         shared_end, scale = len(order) + 2, (1.0 / (1.0 - p) if drop_b is not None else None)
 
-        def block(r0: int, r1: int, inputs, views, made):
+        def block(r0: int, r1: int, inputs, views, made, sinks):
+            # what the blocks read whole; in backward, made ones add their gradients in place
             given = made if prologue is not None else inputs[2:shared_end]
+            sinks = sinks or (None,) * len(given)
             rows1, rows2, cols2 = views[:3]  # (B, R, D1), (B, R, n, D2), (B, n, R, D2)
-            parts = {k: Operand(t, c) for k, t, c in zip(order, given, letters, strict=True)}
+            parts = {k: Operand(t, c, sink=s)
+                     for k, t, c, s in zip(order, given, letters, sinks, strict=True)}
             parts.update({k: self._folded(*k, inputs[1]) for k in folded})
             # one contiguous copy of each slab, one block's worth
             parts.update(self._project(rows1, rows2.contiguous(), layouts, keys["row"]))
@@ -304,7 +315,7 @@ class DualStreamLayer(nn.Module):
         if has_u:  # (B, Q, M1)
             u1 = dropout_add(u1, self.out_u(next(outs)), p, self.training, drop_u)
         if has_b:  # (B, Q, n, D2), dropped out already
-            u2 = u2 + next(outs)
+            u2 = _added(u2, next(outs))
             if keep is not None:
                 u2 = u2 * keep
         return u1, u2
@@ -331,19 +342,6 @@ class DualStreamLayer(nn.Module):
         order = list(parts)
         letters = [parts[k].letters for k in order]
         return order, letters, [n1, n2, *(parts[k].tensor for k in order)], None, premasked
-
-    def _reach(self, wanted: list[int]) -> dict[str, list[tuple[int, str]]]:
-        """The kernels and premises by what a block of query rows reads of them: ``"row"``
-        (first token the query letter: the block's rows), ``"col"`` (second token the query
-        letter: its columns) or ``"all"`` (neither: the whole tensor)."""
-        keys: dict[str, list[tuple[int, str]]] = {"row": [], "col": [], "all": []}
-        for i in wanted:
-            spec = self.ops[i].spec
-            q = masks.query_letter(spec)
-            for r in ROLES:
-                toks = spec.tokens(r)
-                keys["row" if toks[0] == q else "col" if toks[-1] == q else "all"].append((i, r))
-        return keys
 
     def _operate(self, parts, backends, domain, wanted, premasked):
         """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]}."""

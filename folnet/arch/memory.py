@@ -21,8 +21,11 @@ import torch
 from torch import nn
 
 from folnet.errors import FolnetError, choices
+from folnet.ops import masks
+from folnet.ops.spec import OperatorSpec
 
-__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "block_rows_for", "set_memory"]
+__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "block_reach", "block_rows_for",
+           "set_memory"]
 
 MEMORY_MODES = ("auto", "full", "blocked")
 #: Sequence length from which ``"auto"`` blocks.
@@ -65,3 +68,17 @@ def set_memory(model: nn.Module, mode: str = "auto", block_rows: int | None = No
     for layer in layers:
         layer.memory_mode, layer.block_rows = mode, block_rows
     return model
+
+
+def block_reach(specs: dict[int, OperatorSpec]) -> dict[str, list[tuple[int, str]]]:
+    """The kernels and premises of the operators ``specs`` ({slot: spec}) as (slot, role), by
+    what a block of query rows reads of them: ``"row"`` (first token the query letter: the
+    block's rows), ``"col"`` (last token the query letter: its columns) or ``"all"``
+    (neither: the whole tensor, made once for all blocks)."""
+    keys: dict[str, list[tuple[int, str]]] = {"row": [], "col": [], "all": []}
+    for i, spec in specs.items():
+        q = masks.query_letter(spec)
+        for role in ("kernel", "premise"):
+            toks = spec.tokens(role)
+            keys["row" if toks[0] == q else "col" if toks[-1] == q else "all"].append((i, role))
+    return keys

@@ -41,12 +41,16 @@ class Operand:
     """A kernel or premise as a backend receives it: ``tensor`` laid out as ``letters`` (batch
     first, implicit). Folded (``weight`` set): ``tensor`` is the normalised stream
     (B, *tokens, D) -- ``letters`` its tokens and one input-channel letter -- and the operand is
-    ``tensor @ weight`` (+ ``bias``) with ``weight`` (*channels, D), ``bias`` (*channels)."""
+    ``tensor @ weight`` (+ ``bias``) with ``weight`` (*channels, D), ``bias`` (*channels).
+    ``sink`` (a materialised operand read whole by each block of rows): a tensor of its shape
+    and layout to which a backend may add the operand's gradient in place
+    (`folnet.ops.kernels.sink`) instead of returning it -- or ignore, leaving it to autograd."""
 
     tensor: torch.Tensor
     letters: tuple[str, ...]
     weight: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    sink: torch.Tensor | None = None
 
     @property
     def folded(self) -> bool:
@@ -54,9 +58,16 @@ class Operand:
 
     def laid_out(self, idx: tuple[str, ...]) -> torch.Tensor:
         """The materialised tensor permuted (a view) into the index order ``idx``."""
+        return self._permuted(self.tensor, idx)
+
+    def sink_laid_out(self, idx: tuple[str, ...]) -> torch.Tensor | None:
+        """The sink permuted like `laid_out` (None without one)."""
+        return None if self.sink is None else self._permuted(self.sink, idx)
+
+    def _permuted(self, t: torch.Tensor, idx: tuple[str, ...]) -> torch.Tensor:
         if self.letters == idx:
-            return self.tensor
-        return self.tensor.permute([0] + [1 + self.letters.index(c) for c in idx])
+            return t
+        return t.permute([0] + [1 + self.letters.index(c) for c in idx])
 
     def sizes(self) -> dict[str, int]:
         """The size of every letter it carries (the channels of a folded one included)."""

@@ -35,6 +35,7 @@ import torch
 
 from folnet.ops.backends.attention import attention_layout
 from folnet.ops.backends.base import Backend, Operand, activate
+from folnet.ops.kernels.sink import sink_einsum
 from folnet.ops.sizes import channel_sizes
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
 
@@ -175,11 +176,13 @@ def einsum_by_path(equation: str, *tensors: torch.Tensor) -> torch.Tensor:
 
 def run_terms(plan: tuple[Term, ...], operands: dict[str, list[torch.Tensor]],
               bias: dict[str, torch.Tensor], sizes: dict[str, int],
-              full_letters: str) -> torch.Tensor:
+              full_letters: str, sinks: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Evaluate and sum the einsum terms of one operator.
 
     ``operands[role]`` is ``[tensor]`` or ``[stream, weight]``; ``bias[role]`` the folded
-    tensor's projection bias (channels only). The result is laid out as ``full_letters``."""
+    tensor's projection bias (channels only); ``sinks[role]`` where a materialised tensor's
+    gradient is added in place (`folnet.ops.kernels.sink`: two-tensor terms only). The result
+    is laid out as ``full_letters``."""
     full_shape = [sizes[c] for c in full_letters]
     traced = torch.compiler.is_compiling() or torch.compiler.is_exporting()
     total = None
@@ -187,8 +190,12 @@ def run_terms(plan: tuple[Term, ...], operands: dict[str, list[torch.Tensor]],
         args = []
         for role, mode in t.roles:
             args += operands[role] if mode != "bias" else [bias[role]]
-        out = (einsum_by_path(t.equation, *args) if traced and len(args) > 2
-               else torch.einsum(t.equation, *args))
+        if traced and len(args) > 2:
+            out = einsum_by_path(t.equation, *args)
+        elif sinks and len(args) == 2 and all(mode == "tensor" for _, mode in t.roles):
+            out = sink_einsum(t.equation, *args, sinks=tuple(sinks.get(r) for r, _ in t.roles))
+        else:
+            out = torch.einsum(t.equation, *args)
         if t.permute is not None:
             out = out.permute(t.permute)  # a view
         if t.missing:
@@ -238,7 +245,7 @@ class FusedBackend(Backend):
         spec = op.spec
         given = {"kernel": kernel, "premise": premise}
         sizes = {"b": kernel.tensor.shape[0], **kernel.sizes(), **premise.sizes()}
-        operands, bias = {}, {}
+        operands, bias, sinks = {}, {}, {}
         for role, operand in given.items():
             if operand.folded:  # the stream (B, *tokens, D) and the weight (*channels, D)
                 operands[role] = [operand.tensor, operand.weight]
@@ -250,9 +257,11 @@ class FusedBackend(Backend):
             if role == "kernel":  # activated where it lies (channels first: contiguous R-dim)
                 t = activate(spec, t, operand.letters, order=None, pad=pad, dropout_p=dropout_p)
             operands[role] = [Operand(t, operand.letters).laid_out(spec.tensor(role))]
+            if operand.sink is not None and t is operand.tensor:  # (not once activated)
+                sinks[role] = operand.sink_laid_out(spec.tensor(role))
         plan = terms(spec, (kernel.folded, premise.folded),
                      (kernel.bias is not None, premise.bias is not None))
-        out = run_terms(plan, operands, bias, sizes, output_letters(spec))
+        out = run_terms(plan, operands, bias, sizes, output_letters(spec), sinks)
         letters = output_letters(spec)[1:]
         return out.permute([0] + [1 + letters.index(c) for c in spec.output])  # a view
 

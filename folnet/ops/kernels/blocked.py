@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from folnet.errors import FolnetError
+from folnet.ops.kernels.dropout import masked_scale
 from folnet.ops.kernels.linear import mm_linear, wgrad
 
 __all__ = ["blocked_binary_ffn", "recompute_blocks"]
@@ -32,10 +33,12 @@ def _block(n: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tenso
 
 class _BlockedBinaryFFN(torch.autograd.Function):
     """``out = W_o gelu(W_i [n, n^T] + b_i) + b_o + W_s n^T + b_s``, block by block, with the
-    products on the CPU fast path (`folnet.ops.kernels.linear`) where it applies."""
+    products on the CPU fast path (`folnet.ops.kernels.linear`) where it applies; with a keep
+    mask, ``out * keep * scale`` (its residual dropout), so that the gradient it receives is
+    the residual's own, not a second full-size tensor."""
 
     @staticmethod
-    def forward(ctx, n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows):
+    def forward(ctx, n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep, scale):
         d2 = n.shape[-1]
         out = torch.empty_like(n)  # (B, T, T, D2)
         for r0 in range(0, n.shape[1], rows):
@@ -43,15 +46,16 @@ class _BlockedBinaryFFN(torch.autograd.Function):
             own, across = _block(n, r0, r1)  # (B, R, T, D2) each
             both = torch.cat([own, across], -1).view(-1, 2 * d2)  # (P, 2 D2), P = B R T
             piece = mm_linear(F.gelu(mm_linear(both, w_in, b_in)), w_out, b_out)  # (P, D2)
-            piece.addmm_(both[:, d2:], w_skip.t()).add_(b_skip)
-            out[:, r0:r1] = piece.view(own.shape)
-        ctx.save_for_backward(n, w_in, b_in, w_out, w_skip)
-        ctx.rows = rows
+            piece = piece.addmm_(both[:, d2:], w_skip.t()).add_(b_skip).view(own.shape)
+            out[:, r0:r1] = piece if keep is None else masked_scale(piece, keep[:, r0:r1],
+                                                                    scale)
+        ctx.save_for_backward(n, w_in, b_in, w_out, w_skip, keep)
+        ctx.rows, ctx.scale = rows, scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        n, w_in, b_in, w_out, w_skip = ctx.saved_tensors
+        n, w_in, b_in, w_out, w_skip, keep = ctx.saved_tensors
         d2 = n.shape[-1]
         w_out_t, w_in_t = w_out.t().contiguous(), w_in.t().contiguous()
         grad_n = torch.zeros_like(n)
@@ -63,7 +67,9 @@ class _BlockedBinaryFFN(torch.autograd.Function):
             own, across = _block(n, r0, r1)
             both = torch.cat([own, across], -1).view(-1, 2 * d2)  # (P, 2 D2)
             h = mm_linear(both, w_in, b_in)  # (P, F2) recomputed
-            g = grad[:, r0:r1].reshape(-1, d2)  # (P, D2)
+            g = grad[:, r0:r1]  # (B, R, T, D2)
+            g = (g if keep is None else masked_scale(g, keep[:, r0:r1], ctx.scale)).reshape(
+                -1, d2)  # (P, D2)
             grad_w_out += wgrad(g, F.gelu(h))
             grad_b += g.sum(0)
             grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w_out_t, None), h)  # (P, F2)
@@ -78,14 +84,17 @@ class _BlockedBinaryFFN(torch.autograd.Function):
             # d/d u2(y, x) for the block's x: the FFN's second half and the skip Linear
             grad_across = grad_both[:, d2:].addmm(g, w_skip).view(shape)
             grad_n[:, :, r0:r1] += grad_across.transpose(1, 2)
-        return grad_n, grad_w_in, grad_b_in, grad_w_out, grad_b, grad_w_skip, grad_b, None
+        return (grad_n, grad_w_in, grad_b_in, grad_w_out, grad_b, grad_w_skip, grad_b, None,
+                None, None)
 
 
 def blocked_binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor,
                        w_out: torch.Tensor, b_out: torch.Tensor, w_skip: torch.Tensor,
-                       b_skip: torch.Tensor, rows: int) -> torch.Tensor:
+                       b_skip: torch.Tensor, rows: int, keep: torch.Tensor | None = None,
+                       p: float = 0.0) -> torch.Tensor:
     """The binary FFN over a full square ``n`` (B, T, T, D2), ``rows`` query rows at a time
-    (a positive integer; ``rows >= T`` is one block)."""
+    (a positive integer; ``rows >= T`` is one block). ``keep`` (a bool `keep_mask` of n's
+    shape) applies dropout of rate ``p`` to the output, block by block."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise FolnetError(f"block rows must be a positive integer, got {rows!r}")
     if n.ndim != 4 or n.shape[1] != n.shape[2]:
@@ -97,8 +106,11 @@ def blocked_binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor,
         dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):
             return blocked_binary_ffn(*(t.to(dtype) for t in (n, w_in, b_in, w_out, b_out,
-                                                               w_skip, b_skip)), rows=rows)
-    return _BlockedBinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows)
+                                                               w_skip, b_skip)), rows=rows,
+                                      keep=keep, p=p)
+    scale = 1.0 / (1.0 - p) if keep is not None else 1.0
+    return _BlockedBinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep,
+                                   scale)
 
 
 class _RecomputedBlocks(torch.autograd.Function):
@@ -108,7 +120,8 @@ class _RecomputedBlocks(torch.autograd.Function):
     backward reruns the prologue, then each block under the random and autocast state its
     forward had, taking its gradients with ``torch.autograd.grad`` -- a slab's into its slice of
     its input's gradient, so no block makes a full-size gradient of what it reads by rows --
-    and last the prologue's, from the gradients its outputs gathered over the blocks.
+    and last the prologue's, from the gradients its outputs gathered over the blocks (in the
+    sinks ``run`` may add to in place, one full-size tensor each).
     Parameter gradients come back as this function's own input gradients, once per
     parameter, as a DistributedDataParallel hook expects."""
 
@@ -124,7 +137,8 @@ class _RecomputedBlocks(torch.autograd.Function):
 
         def piece(r0, r1):
             ctx.states.append(_rng_state(device))
-            return run(r0, r1, inputs, _views(inputs, slabs, r0, r1), made)
+            views = _views(inputs, slabs, r0, r1)
+            return run(r0, r1, inputs, views, made, (None,) * len(made))
 
         outs = _assemble(spans, piece)
         ctx.save_for_backward(*inputs)
@@ -144,30 +158,34 @@ class _RecomputedBlocks(torch.autograd.Function):
         params = [p for p in ctx.params if p.requires_grad]
         by_input: dict[int, torch.Tensor] = {}
         by_param: dict[int, torch.Tensor] = {}
-        by_made: dict[int, torch.Tensor] = {}
         made: tuple[torch.Tensor, ...] = ()
         if ctx.prologue is not None:  # its values only: its graph is rebuilt at the end
             with torch.no_grad(), _autocast(device, ctx.autocast):
                 made = tuple(m.requires_grad_() for m in _made(ctx.prologue, ctx.spans,
                                                                  ctx.slabs, inputs))
+        # the made tensors' gradients, summed over the blocks: by ``run`` in place (its sinks)
+        # or, as autograd returns them, here
+        sinks = tuple(torch.zeros_like(m) for m in made)
         for (r0, r1), state in zip(ctx.spans, ctx.states, strict=True):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
                     torch.enable_grad(), _autocast(device, ctx.autocast):
                 _set_rng_state(device, state)
                 leaves, views = _leaves(inputs, ctx.slabs, wanted, r0, r1)
-                outs = ctx.run(r0, r1, leaves, views, made)
+                outs = ctx.run(r0, r1, leaves, views, made, sinks)
                 got = list(torch.autograd.grad(
                     [outs[k] for k in used],
                     [leaves[i] for i in wanted] + [views[k] for k, _, _ in slabs] + list(made)
                     + params,
                     [grads[k].narrow(1, r0, r1 - r0) for k in used], allow_unused=True))
             for j in range(len(made)):  # (taken out of the middle of got)
-                _accumulate(by_made, j, got.pop(len(wanted) + len(slabs)))
+                g = got.pop(len(wanted) + len(slabs))
+                if g is not None:
+                    sinks[j].add_(g)
             _gather(got, wanted, slabs, params, inputs, by_input, by_param, r0, r1)
             del leaves, views, outs, got  # the block's graph, before the next block's
         del made
         fn, dims = ctx.prologue if ctx.prologue is not None else (None, ())
-        js = sorted(by_made)
+        js = [j for j, sink in enumerate(sinks) if sink._version > 0]  # (added to)
         for r0, r1 in ctx.spans if js else ():  # the prologue's backward, span by span
             with torch.enable_grad(), _autocast(device, ctx.autocast):
                 leaves, views = _leaves(inputs, ctx.slabs, wanted, r0, r1)
@@ -175,7 +193,7 @@ class _RecomputedBlocks(torch.autograd.Function):
                 got = list(torch.autograd.grad(
                     [made[j] for j in js],
                     [leaves[i] for i in wanted] + [views[k] for k, _, _ in slabs] + params,
-                    [by_made[j].narrow(dims[j], r0, r1 - r0) for j in js], allow_unused=True))
+                    [sinks[j].narrow(dims[j], r0, r1 - r0) for j in js], allow_unused=True))
             _gather(got, wanted, slabs, params, inputs, by_input, by_param, r0, r1)
             del leaves, views, made, got
         return (*skip, *(by_input.get(i) for i in range(len(inputs))),
@@ -283,19 +301,22 @@ def recompute_blocks(run: Callable[..., tuple[torch.Tensor, ...]],
                      prologue: tuple[Callable[..., tuple[torch.Tensor, ...]],
                                      tuple[int, ...]] | None = None
                      ) -> tuple[torch.Tensor, ...]:
-    """``run(r0, r1, inputs, views, made)`` for every span of rows, its outputs (each with the
-    rows on dim 1) concatenated over the spans, recomputed span by span in the backward pass
+    """``run(r0, r1, inputs, views, made, sinks)`` for every span of rows, its outputs (each
+    with the rows on dim 1) concatenated over the spans, recomputed span by span in backward
     (see `_RecomputedBlocks`). ``views[k]`` is ``inputs[i].narrow(dim, r0, r1 - r0)`` for the
     k-th ``(i, dim)`` of ``slabs``: read a block's slab through it, not by slicing the input,
     so that its gradient is slab-sized. ``prologue = (fn, dims)`` makes what every block reads
     whole: ``fn(r0, r1, inputs, views)`` returns its rows r0:r1 along ``dims``; ``made`` is
-    their concatenation over the spans (``()`` without a prologue). ``run`` and ``fn`` may
-    read ``params`` (the parameters they use) directly; every other tensor they differentiate
-    must come through ``inputs``. Under no autograd it is a plain loop."""
+    their concatenation over the spans (``()`` without a prologue). ``sinks`` are None in the
+    forward pass; in the backward pass, zeros like ``made``, to which ``run`` may add the
+    gradient of a made tensor in place (`folnet.ops.kernels.sink`) -- what autograd returns
+    for it is added there too. ``run`` and ``fn`` may read ``params`` (the parameters they
+    use) directly; every other tensor they differentiate must come through ``inputs``. Under
+    no autograd it is a plain loop."""
     if not torch.is_grad_enabled():
         made = _made(prologue, spans, slabs, inputs)
-        return _assemble(spans, lambda r0, r1: run(r0, r1, inputs,
-                                                   _views(inputs, slabs, r0, r1), made))
+        return _assemble(spans, lambda r0, r1: run(r0, r1, inputs, _views(inputs, slabs, r0, r1),
+                                                   made, (None,) * len(made)))
     params = tuple(params)
     return _RecomputedBlocks.apply(run, prologue, tuple(spans), tuple(slabs), params, *inputs,
                                    *params)
