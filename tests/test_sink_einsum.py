@@ -98,8 +98,9 @@ def test_without_sinks_or_grad_it_is_einsum():
         plain = sink_einsum("bhxa,bhay->bhxy", a, b, sinks=(None, torch.zeros_like(b)))
     assert plain.grad_fn is None
     torch.testing.assert_close(plain, torch.einsum("bhxa,bhay->bhxy", a, b))
-    with pytest.raises(ValueError, match="explicit two-operand equation"):
-        sink_einsum("bhxa,bhay", a, b, sinks=(None, torch.zeros_like(b)))
+    for bad in ("bhxa,bhay", "bhxa,bhay,bh->bhxy", "...xa,...ay->...xy"):
+        with pytest.raises(ValueError, match="explicit two-operand equation"):
+            sink_einsum(bad, a, b, sinks=(None, torch.zeros_like(b)))
 
 
 def test_under_autocast_operands_are_cast_once_and_the_sink_gets_the_gradient():

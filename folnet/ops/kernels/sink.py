@@ -59,6 +59,8 @@ def _accumulate(sink: torch.Tensor, want: str, a: torch.Tensor, a_letters: str,
 
 
 class _SinkEinsum(torch.autograd.Function):
+    """The einsum, keeping both operands; the backward adds into the sinks it was given."""
+
     @staticmethod
     def forward(ctx, equation, left, right, left_sink, right_sink):
         ctx.equation = equation
@@ -94,7 +96,7 @@ def sink_einsum(equation: str, left: torch.Tensor, right: torch.Tensor,
     laid out as its letters -- is added to that sink in place and not returned. Under
     autocast both operands are cast once to its dtype and multiplied in it. An equation that
     sums a letter within one operand ignores the sinks (autograd returns the gradients)."""
-    if "->" not in equation or "." in equation:
+    if "->" not in equation or "." in equation or equation.count(",") != 1:
         raise ValueError(f"sink_einsum needs an explicit two-operand equation, got {equation!r}")
     inputs, out = equation.split("->")
     lhs, rhs = inputs.split(",")
