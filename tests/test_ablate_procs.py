@@ -20,6 +20,7 @@ import pytest
 from runs import tiny_plan
 
 from folnet.cli import main as cli_main
+from folnet.train.ablate.parallel import STOP_GRACE_SECONDS
 from folnet.train.engine.lock import RunLock, lock_holder
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(),
@@ -130,6 +131,17 @@ def _row_holder_pid(out: Path, row: str) -> object:
     return None if holder is None else holder.get("pid")
 
 
+def _exit_status(parent: subprocess.Popen, tmp_path: Path, out: Path) -> int:
+    """The stopped ablate's exit status: its rows get `STOP_GRACE_SECONDS` to unwind before
+    they are killed, so that plus time for a loaded machine; past it, fail with the logs."""
+    try:
+        return parent.wait(timeout=STOP_GRACE_SECONDS + 20)
+    except subprocess.TimeoutExpired:
+        logs = [tmp_path / "out-parent.log", *(out / f"{r}.log" for r in ROWS)]
+        raise AssertionError("the ablate did not exit after the signal; its logs:\n" + "\n".join(
+            f"-- {p.name}:\n{_read(p).decode(errors='replace')[-2000:]}" for p in logs)) from None
+
+
 def _gone_within(pids, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
@@ -159,7 +171,7 @@ def test_sigterm_or_ctrl_c_to_the_ablate_stops_its_rows(tmp_path, sig):
         _wait(lambda: _rows_pretraining(out), 60, "both rows to pretrain")
         rows = _row_procs(out)
         parent.send_signal(sig)
-        assert parent.wait(timeout=20) != 0
+        assert _exit_status(parent, tmp_path, out) != 0
         left = _gone_within(rows, 5.0)
         assert not left, f"row processes {[(p, rows[p]) for p in left]} outlived their ablate"
         printed = (tmp_path / "out-parent.log").read_text()

@@ -249,3 +249,19 @@ def test_block_reach_reads_the_query_letter_from_the_specs():
         ("a", "kernel"): "row", ("a", "premise"): "all",  # x h w / y h w
         ("t", "kernel"): "row", ("t", "premise"): "all",  # x a h / a y h
         ("p", "kernel"): "row", ("p", "premise"): "row"}
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_blocked_equals_full_on_the_attention_backend(kind, monkeypatch):
+    """CUDA's first choices (xformers, then SDPA) are attention backends: SDPA, forced here,
+    runs inside the blocks (a block's query rows against every key) as over the full square."""
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kw):
+        calls.append((q.shape[-2], k.shape[-2]))
+        return real(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    _compare("jmc.atp", kind, backend="sdpa,einsum")
+    assert any(q == 3 and k == T for q, k in calls), calls  # blocks of 3 rows ran on SDPA
