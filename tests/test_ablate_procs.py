@@ -51,13 +51,20 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+def _terminal_signals() -> None:
+    """Ctrl-C's default action, as in a terminal's foreground job: a test suite started in
+    the background (``make test &``, a CI runner) ignores SIGINT, every child inherits that,
+    and Python then keeps ignoring it, as POSIX asks of a program started so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(plan: Path, out: Path, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "folnet", "ablate", str(plan), "--out", str(out),
            "--no-progress", *extra]
     log = (out.parent / f"{out.name}-parent.log").open("ab")
     try:
         return subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, preexec_fn=_terminal_signals)
     finally:
         log.close()
 
