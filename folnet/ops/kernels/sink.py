@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from folnet.errors import FolnetError
+
 __all__ = ["sink_einsum"]
 
 
@@ -97,7 +99,8 @@ def sink_einsum(equation: str, left: torch.Tensor, right: torch.Tensor,
     autocast both operands are cast once to its dtype and multiplied in it. An equation that
     sums a letter within one operand ignores the sinks (autograd returns the gradients)."""
     if "->" not in equation or "." in equation or equation.count(",") != 1:
-        raise ValueError(f"sink_einsum needs an explicit two-operand equation, got {equation!r}")
+        raise FolnetError(f"sink_einsum needs an explicit two-operand equation like "
+                          f"'bxa,bay->bxy', got equation={equation!r}")
     inputs, out = equation.split("->")
     lhs, rhs = inputs.split(",")
     alone = (set(lhs) ^ set(rhs)) - set(out)  # letters summed within one operand
