@@ -265,3 +265,27 @@ def test_blocked_equals_full_on_the_attention_backend(kind, monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     _compare("jmc.atp", kind, backend="sdpa,einsum")
     assert any(q == 3 and k == T for q, k in calls), calls  # blocks of 3 rows ran on SDPA
+
+
+def test_ts_premise_gradient_goes_to_its_sink_on_the_fused_backend(monkeypatch):
+    """In the backward pass each block hands t's shared premise to the fused backend with a
+    sink, so its gradient is accumulated in place (not one full-size tensor per block); the
+    unary premises every row reads (j's, a's) get theirs too."""
+    import folnet.ops.backends.fused as fused
+
+    seen = []
+    real = fused.sink_einsum
+
+    def spy(equation, left, right, sinks=(None, None)):
+        if sinks[1] is not None and tuple(right.shape[1:3]) == (T, T):  # (B, a, y, h): t's
+            seen.append(sinks[0] is None)
+        return real(equation, left, right, sinks=sinks)
+
+    monkeypatch.setattr(fused, "sink_einsum", spy)
+    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
+                               dropout=0.0).train()
+    folnet.set_memory(model, "blocked", block_rows=3)
+    batch = _batch("encoder")
+    model(**batch).loss.backward()
+    blocks = -(-T // 3) * len(model.encoder.layers)
+    assert seen == [True] * blocks  # t's premise: one sink per block and layer, its only one
