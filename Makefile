@@ -1,12 +1,19 @@
 # One command for the tests: `make test` makes .venv, installs the pinned CPU torch when no torch
 # is importable there (an unpinned torch would pull a multi-GB CUDA build), then folnet with its
-# extras, then runs the suite.
+# extras, then runs the suite -- and the tests marked `numerics` a second time under another CPU
+# kernel set (docs/design.md section 9), so that a bound that holds only for this machine's
+# arithmetic fails here first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
+# Two test processes (pytest-xdist), whole files each, longest first (tests/conftest.py).
+JOBS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
+# The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
+OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test demo lint setup clean
+.PHONY: test test-fast test-numerics tolerances demo lint setup clean
 
 setup: $(VENV)/.installed
 
@@ -17,7 +24,23 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q
+	$(PYTEST)
+	$(MAKE) --no-print-directory test-numerics
+
+# The numerical tests under the other kernel set.
+test-numerics: setup
+	$(OTHER_KERNELS) $(PYTEST) -m numerics
+
+# The inner loop: everything but the tests marked slow (under 3 minutes on 2 cores).
+test-fast: setup
+	$(PYTEST) -m "not slow"
+
+# Every numerical bound against what the two kernel sets measure (tests/tolerance_report.py).
+tolerances: setup
+	rm -f .tolerances-*.jsonl
+	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-native.jsonl $(PYTEST) -m numerics
+	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-default.jsonl $(OTHER_KERNELS) $(PYTEST) -m numerics
+	$(PY) tests/tolerance_report.py .tolerances-native.jsonl .tolerances-default.jsonl
 
 # The main job: the operator-ablation demo on the embedded kinship corpus (no files needed).
 demo: setup

@@ -9,6 +9,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+#: Test processes sharing this machine: `make test` runs ``pytest -n 2`` (pytest-xdist).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+#: Intra-op threads a test may use: the cores divided among the workers, so that two workers
+#: on two cores do not each start two threads and fight over them.
+THREADS = max(1, len(os.sched_getaffinity(0)) // WORKERS)
+torch.set_num_threads(THREADS)
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    slow = item.get_closest_marker("slow")
+    return 0.0 if slow is None else float(slow.kwargs.get("seconds", 10))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first: ``slow`` tests, by their ``seconds`` estimate where they give one. Under
+    ``pytest -n 2 --dist loadfile --no-loadscope-reorder`` (make test) whole files go to the
+    workers in this order, so the long ones start early and neither worker is left running one
+    at the end while the other idles."""
+    items.sort(key=lambda item: -_expected_seconds(item))
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors on 2 busy cores: one intra-op thread is faster and steadier.

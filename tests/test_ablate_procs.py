@@ -23,8 +23,9 @@ from folnet.cli import main as cli_main
 from folnet.train.ablate.parallel import STOP_GRACE_SECONDS
 from folnet.train.engine.lock import RunLock, lock_holder
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(),
-                                reason="needs /proc (Linux) to find the row processes")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(),
+                                 reason="needs /proc (Linux) to find the row processes")]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,6 +35,7 @@ def _predictions(out, row, seed):
     return [(int(r["k"]), r["prediction"] == r["label"]) for r in rows]
 
 
+@pytest.mark.slow
 def test_two_rows_two_seeds_end_to_end_and_resume(tmp_path, capsys):
     plan = tmp_path / "two.toml"
     plan.write_text(PLAN)

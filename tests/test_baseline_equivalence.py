@@ -5,14 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from baseline import BaselineFolnet
+from tolerances import assert_close
 
 import folnet
 
 
+@pytest.mark.numerics
 def test_baseline_matches_folnet():
     torch.manual_seed(0)
     model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=300).eval()
@@ -27,6 +30,5 @@ def test_baseline_matches_folnet():
     with torch.no_grad():
         a = model(ids, types, mlm_labels=labels, nsp_labels=nsp)
         b = base(ids, types, mlm_labels=labels, nsp_labels=nsp)
-    torch.testing.assert_close(a.sequence_output, b.sequence_output, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(a.relation_output, b.relation_output, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-5)
+    for name in ("sequence_output", "relation_output", "loss"):
+        assert_close(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-5, what=name)

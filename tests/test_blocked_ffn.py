@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerances import assert_close, assert_rel
 
 from folnet.errors import FolnetError
 from folnet.ops.kernels.blocked import blocked_binary_ffn
+
+pytestmark = pytest.mark.numerics
 
 
 def _reference(n, w_in, b_in, w_out, b_out, w_skip, b_skip):
@@ -33,10 +36,10 @@ def test_value_and_every_gradient_match_the_full_square(rows):
     grads_want = torch.autograd.grad((want * weight).sum(), args)
     got = blocked_binary_ffn(*args, rows=rows)
     grads_got = torch.autograd.grad((got * weight).sum(), args)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"output, {rows} rows")
     for name, a, b in zip(("n", "w_in", "b_in", "w_out", "b_out", "w_skip", "b_skip"),
                           grads_got, grads_want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+        assert_close(a, b, rtol=1e-10, atol=1e-10, what=f"gradient of {name}, {rows} rows")
 
 
 @pytest.mark.parametrize("rows", [1, 4, 11])
@@ -50,22 +53,22 @@ def test_dropout_inside_the_blocks_is_the_masked_full_square(rows):
     weight = torch.randn(args[0].shape, dtype=torch.float64)
     want = _reference(*args) * keep / (1 - p)
     got = blocked_binary_ffn(*args, rows=rows, keep=keep, p=p)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"dropped output, {rows} rows")
     for a, b in zip(torch.autograd.grad((got * weight).sum(), args),
                     torch.autograd.grad((want * weight).sum(), args), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        assert_close(a, b, rtol=1e-10, atol=1e-10, what=f"dropped gradient, {rows} rows")
 
 
 def test_float32_within_1e_5_relative():
     args = [a.detach().float().requires_grad_() for a in _inputs(t=33, seed=1)]
     full = _reference(*args)
     blocked = blocked_binary_ffn(*args, rows=8)
-    rel = (blocked - full).norm() / full.norm()
-    assert rel < 1e-5
+    assert_rel(blocked, full, 1e-5, "float32 output")
     g_full = torch.autograd.grad(full.square().sum(), args)
     g_blocked = torch.autograd.grad(blocked.square().sum(), args)
-    for a, b in zip(g_blocked, g_full, strict=True):
-        assert (a - b).norm() / b.norm() < 1e-5
+    for name, a, b in zip(("n", "w_in", "b_in", "w_out", "b_out", "w_skip", "b_skip"),
+                          g_blocked, g_full, strict=True):
+        assert_rel(a, b, 1e-5, f"float32 gradient of {name}")
 
 
 @pytest.mark.parametrize("rows", [0, -2, 2.5, True])

@@ -4,14 +4,17 @@ crashed before they stepped aside) and give the eager results."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from tolerances import assert_close
 
 import folnet
 from folnet.cli import main
 from folnet.train.engine.runlog import read_log
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _setup():
@@ -47,20 +50,27 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.numerics
 def test_traced_encoder_gives_the_eager_loss_and_gradients(fresh_dynamo):
     model, batch = _setup()
     loss, grads = _loss_and_grads(model, batch)
     model.encoder.compile(backend="aot_eager")  # dynamo + AOT autograd, no code generation
     c_loss, c_grads = _loss_and_grads(model, batch)
     assert loss.item() > 1.0 and len(grads) > 20
-    torch.testing.assert_close(c_loss, loss, rtol=1e-5, atol=1e-5)
+    assert_close(c_loss, loss, rtol=1e-5, atol=1e-5, what="traced loss")
     for name in c_grads.keys() - grads.keys():  # unused in eager (None), zeros when compiled
         assert not c_grads[name].any(), name
     for name, grad in grads.items():
         assert grad.abs().sum() > 0, name
-        torch.testing.assert_close(c_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+        assert_close(c_grads[name], grad, rtol=1e-4, atol=1e-5, what=f"traced gradient of {name}")
 
 
+@pytest.mark.numerics
+@pytest.mark.skipif(
+    os.environ.get("ATEN_CPU_CAPABILITY") == "default",
+    reason="make test's second kernel set: under ATEN_CPU_CAPABILITY=default torch 2.13's "
+           "inductor still emits at::vec C++ without its header ('at::vec has not been "
+           "declared'); the traced test above compares compiled and eager there")
 def test_inductor_compiles_the_encoder(fresh_dynamo):
     # the forward graph only: a training graph's cold compile takes minutes on 2 cores, and the
     # lowering that failed is the forward's
@@ -70,7 +80,7 @@ def test_inductor_compiles_the_encoder(fresh_dynamo):
         model.encoder.compile()
         got = model(ids, types).sequence_output
     assert want.abs().mean() > 0.1
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_close(got, want, rtol=1e-5, atol=1e-5, what="inductor sequence_output")
 
 
 def test_pretrain_compile_trains_and_says_it_is_slow_on_cpu(tmp_path, capsys, monkeypatch,

@@ -105,6 +105,7 @@ def _run(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.Comple
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_models_build_save_load_and_inspect_without_extras(core_env):
     done = _run(core_env, "-c", API_SCRIPT, ",".join(HIDDEN))
     assert done.returncode == 0, done.stderr[-4000:]
@@ -119,6 +120,7 @@ def test_models_build_save_load_and_inspect_without_extras(core_env):
     assert "Warning" not in done.stderr, done.stderr  # e.g. torch without numpy
 
 
+@pytest.mark.slow
 def test_help_and_a_training_command_without_its_extra(core_env, tmp_path):
     done = _run(core_env, "-m", "folnet", "--help")
     assert done.returncode == 0 and "pretrain" in done.stdout, done.stderr
@@ -130,6 +132,7 @@ def test_help_and_a_training_command_without_its_extra(core_env, tmp_path):
     assert done.stdout == "" and not out.exists()
 
 
+@pytest.mark.slow
 def test_tensorboard_asked_for_but_missing_is_one_line_and_training_goes_on(core_env,
                                                                             tmp_path):
     script = ("import sys\nfrom folnet.train.engine.runlog import TrainLogger, read_log\n"

@@ -162,6 +162,7 @@ def launch(args: list[str]) -> subprocess.Popen:
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_streamed_run_killed_and_resumed_matches_an_uninterrupted_one(tmp_path, texts, tok):
     """An 8-document CSV streams 16 micro-batches of 4 per epoch, so 15 steps of two
     micro-batches cross an epoch: the resumed run replays the stream of the saved epoch up to

@@ -201,6 +201,7 @@ def test_encoding_option(tmp_path):
         PretrainDataConfig(encoding="klingon")
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_binary_corpus_before_writing_anything(tmp_path):
     noise = tmp_path / "noise.txt"
     noise.write_bytes(random.Random(2).randbytes(100_000))
@@ -248,6 +249,7 @@ def test_trained_vocabulary_never_exceeds_vocab_size():
 # -- pathological lines --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_long_line_without_a_sentence_end_is_split_before_the_tokenizer(tmp_path):
     path = tmp_path / "long.txt"
     line = "the quick brown fox jumps over the lazy dog " * 80_000  # 3.5 MB, no sentence end

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import assert_close
 from torch.overrides import TorchFunctionMode
 
 import folnet
@@ -83,6 +84,8 @@ def test_a_given_mask_is_applied_whatever_its_values():
     assert torch.equal(a, b)  # all ones masks nothing: the same outputs, one code path
 
 
+@pytest.mark.slow
+@pytest.mark.numerics
 @pytest.mark.parametrize("masked", [False, True])
 def test_export_with_dynamic_batch_and_length_matches_eager(masked):
     model = _model(head="classification", num_labels=3)
@@ -98,9 +101,12 @@ def test_export_with_dynamic_batch_and_length_matches_eager(masked):
         with torch.no_grad():
             got, want = program.module()(**call), model(**call)
         for field in ("logits", "sequence_output", "pooled_output", "relation_output"):
-            torch.testing.assert_close(got[field], want[field], rtol=1e-6, atol=1e-6)
+            # the exported graph's contraction order against the eager fused path's
+            assert_close(got[field], want[field], rtol=1e-5, atol=1e-5,
+                         what=f"exported {field}, batch {B}, length {T}")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("symbol", ["c", "m", "p", "t"])
 def test_einsum_by_path_equals_torch_einsum(symbol):
     spec = get_operator(symbol)
@@ -110,5 +116,5 @@ def test_einsum_by_path_equals_torch_einsum(symbol):
         sizes = {c: 2 + i for i, c in enumerate(sorted(set("".join(subs))))}
         args = [torch.randn(*(sizes[c] for c in s), generator=g, dtype=torch.float64)
                 for s in subs]
-        torch.testing.assert_close(einsum_by_path(term.equation, *args),
-                                   torch.einsum(term.equation, *args), rtol=1e-12, atol=1e-12)
+        assert_close(einsum_by_path(term.equation, *args), torch.einsum(term.equation, *args),
+                     rtol=1e-12, atol=1e-12, what=term.equation)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import assert_close
 
 import folnet
 from folnet.ops import Operand, compile_operator
@@ -24,6 +25,7 @@ def _cjoin_inputs():
     return K.requires_grad_(), v_cf.requires_grad_()
 
 
+@pytest.mark.numerics
 def test_cjoin_term_matches_loop_and_returns_premise_gradient_in_its_layout():
     spec = get_operator("c")
     plan = terms(spec, (False, False), (False, True))
@@ -38,7 +40,7 @@ def test_cjoin_term_matches_loop_and_returns_premise_gradient_in_its_layout():
             for s in range(S):
                 for h in range(H):
                     want[b, y, s, h] = sum(K[b, a, s, h] * v_cf[b, s, a, y] for a in range(T))
-    torch.testing.assert_close(out, want)
+    assert_close(out, want, rtol=1e-12, atol=1e-12, what="c's term against its loop")
     (grad_v,) = torch.autograd.grad(out, v_cf, torch.randn_like(out))
     # the kernel is the left factor, so the premise's gradient comes back channels first as
     # the premise was made -- not transposed (a B x S x T x T copy per layer on the real sizes)
@@ -77,6 +79,7 @@ def identity_trans():
     folnet.unregister_operator("r")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("n", [3, 7])
 def test_both_folded_with_biases_scale_by_the_actual_length(identity_trans, n):
     spec = identity_trans
@@ -91,4 +94,4 @@ def test_both_folded_with_biases_scale_by_the_actual_length(identity_trans, n):
     K = torch.einsum("bxad,hd->bxah", stream, wk) + bk
     v = torch.einsum("bayd,hd->bayh", stream, wp) + bp
     want = torch.einsum("bxah,bayh->bxyh", K, v)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"both folded, n = {n}")

@@ -9,7 +9,8 @@ seed-independent: after 800 steps of MLM + NSP (MLM accuracy ~0.6, the derived f
 corpus teach names, genders and relation words) a finetune of 1,000 steps at lr 1e-3 reaches
 0.35 on k = 2, 3 against a majority baseline of 0.07; a 40-step pretraining left the same
 finetune at 0.15-0.2 and seed-dependent. The tokenizer is trained deterministically, so the run
-is the same every time on a given machine. Both stages run on two threads (~4 minutes).
+is the same every time on a given machine. Both stages take ~3 minutes on two threads, ~4 on
+the one thread a test gets under make test's two workers (conftest.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import folnet.train.finetune.cli  # noqa: F401  (registers the finetune/evaluate commands)
 from folnet.cli import main
@@ -36,19 +36,15 @@ PRETRAIN, FINETUNE = SPECS / "kinship-tiny.toml", SPECS / "kinship-finetune.toml
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """Pretrain (800 steps of MLM + NSP on the kinship corpus), then finetune on k = 2, 3."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("kinship")
-    try:
-        assert main(["pretrain", "--config", str(PRETRAIN), "--no-progress",
-                     "--no-tensorboard", "--out", str(root / "pre")]) == 0
-        assert main(["finetune", "--config", str(FINETUNE), "--from", str(root / "pre"),
-                     "--no-progress", "--no-tensorboard", "--out", str(root / "ft")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert main(["pretrain", "--config", str(PRETRAIN), "--no-progress",
+                 "--no-tensorboard", "--out", str(root / "pre")]) == 0
+    assert main(["finetune", "--config", str(FINETUNE), "--from", str(root / "pre"),
+                 "--no-progress", "--no-tensorboard", "--out", str(root / "ft")]) == 0
     return root
 
 
+@pytest.mark.slow(seconds=240)  # the module's run fixture
 def test_finetuned_model_beats_the_majority_baseline_on_trained_lengths(run, capsys):
     result = json.loads((run / "ft" / "eval.json").read_text())
     test = result["metrics"]["test"]
@@ -72,6 +68,7 @@ def test_finetuned_model_beats_the_majority_baseline_on_trained_lengths(run, cap
     assert result["config"]["kinship_train_k"] == [2, 3] and result["labels"] == list(RELATIONS)
 
 
+@pytest.mark.slow(seconds=240)  # the module's run fixture
 def test_prediction_rows_carry_k_and_match_the_metrics(run):
     rows = read_predictions(run / "ft" / "predictions" / "test.tsv")
     assert len(rows) == 900
@@ -85,6 +82,7 @@ def test_prediction_rows_carry_k_and_match_the_metrics(run):
     assert rows[0]["id"] == "test-0-k2"
 
 
+@pytest.mark.slow(seconds=240)  # the module's run fixture
 def test_evaluate_reproduces_the_kinship_numbers(run, tmp_path):
     assert main(["evaluate", "--model", str(run / "ft"), "--out", str(tmp_path),
                  "--splits", "validation", "--batch-size", "128"]) == 0

@@ -1,5 +1,8 @@
-"""Checkpoints saved by the code before the layer/stack redesign load bit-exactly and give the
-outputs that code gave, bit for bit (tests/fixtures/legacy, made by make_fixtures.py there)."""
+"""Checkpoints saved by the code before the layer/stack redesign load bit-exactly (the weights
+are data) and give the outputs that code gave (tests/fixtures/legacy, made by make_fixtures.py
+there). The stored outputs are another machine's arithmetic: they are compared at
+`tolerances.STORED_REL`, and greedy tokens where each leads its runner-up by far more than that
+rounding (tests/tolerances.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tolerances import assert_stored, assert_tokens_lead
 
 import folnet
+
+pytestmark = pytest.mark.numerics
 
 LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy"
 ENCODERS = ["encoder-classification", "encoder-pretraining-ape", "encoder-qa-rpestar",
@@ -21,11 +27,6 @@ def _load(name: str, backend: str | None = None):
     runtime = {} if backend is None else {"backend": backend}
     model = folnet.from_pretrained(LEGACY / name, **runtime).eval()
     return model, ref
-
-
-def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.shape == want.shape, what
-    assert torch.equal(got, want), f"{what}: max difference {(got - want).abs().max():.3g}"
 
 
 @pytest.mark.parametrize("name", [*ENCODERS, "decoder", "decoder-ape", "encoder-decoder"])
@@ -54,10 +55,10 @@ def _encoder_runs(model, ref):
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_encoder_outputs_are_bit_identical(name):
+def test_encoder_outputs_match_the_stored_ones(name):
     model, ref = _load(name)
     for key, got, want in _encoder_runs(model, ref):
-        _same(got, want, key)
+        assert_stored(got, want, key)
 
 
 def test_rpe_star_layers_keep_the_materialised_path():
@@ -73,21 +74,23 @@ def test_rpe_star_layers_keep_the_materialised_path():
 
 
 @pytest.mark.parametrize("name", ["decoder", "decoder-ape"])
-def test_decoder_outputs_are_bit_identical(name):
+def test_decoder_outputs_match_the_stored_ones(name):
     model, ref = _load(name)
     ids = ref["input_ids"]
     with torch.no_grad():
         causal = model(ids)
-        _same(causal.logits, ref["logits"], "logits")
-        _same(causal.relation_output, ref["relation_output"], "relation_output")
-        _same(model(ids, prefix_lengths=ref["prefix_lengths"]).logits, ref["prefix.logits"],
-              "prefix.logits")
-        _same(model(ids, attention_mask=ref["attention_mask"]).logits, ref["padded.logits"],
-              "padded.logits")
-    _same(model.generate(ids[:, :5], max_new_tokens=6), ref["generated"], "generated")
+        assert_stored(causal.logits, ref["logits"], "logits")
+        assert_stored(causal.relation_output, ref["relation_output"], "relation_output")
+        assert_stored(model(ids, prefix_lengths=ref["prefix_lengths"]).logits,
+                      ref["prefix.logits"], "prefix.logits")
+        assert_stored(model(ids, attention_mask=ref["attention_mask"]).logits,
+                      ref["padded.logits"], "padded.logits")
+    out = model.generate(ids[:, :5], max_new_tokens=6, return_logits=True)
+    assert torch.equal(out.sequences[:, :5], ref["generated"][:, :5])
+    assert_tokens_lead(out.logits, ref["generated"][:, 5:], "generated")
 
 
-def test_encoder_decoder_outputs_are_bit_identical():
+def test_encoder_decoder_outputs_match_the_stored_ones():
     model, ref = _load("encoder-decoder")
     ids, dec = ref["input_ids"], ref["decoder_input_ids"]
     with torch.no_grad():
@@ -95,6 +98,8 @@ def test_encoder_decoder_outputs_are_bit_identical():
         padded = model(ids, decoder_input_ids=dec, attention_mask=ref["attention_mask"])
     for field in ("logits", "relation_output", "encoder_sequence_output",
                   "encoder_relation_output"):
-        _same(getattr(out, field), ref[field], field)
-    _same(padded.logits, ref["padded.logits"], "padded.logits")
-    _same(model.generate(ids, max_new_tokens=5), ref["generated"], "generated")
+        assert_stored(getattr(out, field), ref[field], field)
+    assert_stored(padded.logits, ref["padded.logits"], "padded.logits")
+    gen = model.generate(ids, max_new_tokens=5, return_logits=True)
+    assert torch.equal(gen.sequences[:, :1], ref["generated"][:, :1])  # the start token
+    assert_tokens_lead(gen.logits, ref["generated"][:, 1:], "generated")

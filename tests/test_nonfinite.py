@@ -64,6 +64,7 @@ def error_lines(text: str) -> list[str]:
 # -- pretraining ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pretrain_divergence_stops_with_exit_1_and_saves_nothing_non_finite(tmp_path):
     """The issue's reproduction, through the real command: exit 1, one line, no NaN saved."""
     out = tmp_path / "X"
@@ -168,6 +169,7 @@ def test_skip_counts_survive_an_exact_resume(tmp_path, monkeypatch):
     assert [r["skipped"] for r in run_log] == [0, 0, 1, 1, 1, 1]
 
 
+@pytest.mark.slow
 def test_two_processes_stop_together(tmp_path):
     """Under DDP every rank judges the same global loss and norm: both stop at the same step
     with exit status 1 (none waits forever for the other), keeping only finite checkpoints."""

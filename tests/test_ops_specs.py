@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from opdata import inputs
+from tolerances import assert_close
 
 import folnet
 from folnet.cli import main as cli_main
@@ -161,14 +162,17 @@ def loop_trans_first(K, v):
     return u
 
 
+@pytest.mark.numerics
 def test_register_keywords_compiles_and_matches_loop(registered):
     spec = folnet.register_operator(**GOOD)
     registered.append("q")
     assert folnet.get_operator("bprod") is spec
     k, v = inputs(spec, seed=11)
-    torch.testing.assert_close(compile_operator("q", "einsum")(k, v), loop_bprod(k, v))
+    assert_close(compile_operator("q", "einsum")(k, v), loop_bprod(k, v), rtol=1e-12,
+                 atol=1e-12, what="bprod against its loop")
 
 
+@pytest.mark.numerics
 def test_register_toml_table_and_use_everywhere(registered):
     spec = folnet.register_operator('''
         [operator]
@@ -186,11 +190,12 @@ def test_register_toml_table_and_use_everywhere(registered):
     registered.append("r")
     assert spec.symbol in {s.symbol for s in folnet.operators()}
     k, v = inputs(spec, seed=12)
-    torch.testing.assert_close(compile_operator("r")(k, v), loop_trans_first(k, v))
+    assert_close(compile_operator("r")(k, v), loop_trans_first(k, v), rtol=1e-12, atol=1e-12,
+                 what="trans_first against its loop")
     # attention shaped: SDPA runs it and agrees
     k32, v32 = k.float(), v.float()
-    torch.testing.assert_close(compile_operator("r", "sdpa")(k32, v32),
-                               compile_operator("r", "einsum")(k32, v32), rtol=1e-5, atol=1e-5)
+    assert_close(compile_operator("r", "sdpa")(k32, v32), compile_operator("r", "einsum")(k32, v32),
+                 rtol=1e-5, atol=1e-5, what="trans_first on sdpa")
 
 
 def test_register_refuses_duplicates_and_builtins(registered):

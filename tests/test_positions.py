@@ -11,15 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from released_reference import released_forward
+from tolerances import assert_rel, assert_stored, rel_error
 
 import folnet
 
 PREFIX = Path(__file__).resolve().parent / "fixtures" / "official" / "tiny-jmc.atp"
 FIELDS = ("sequence_output", "pooled_output", "relation_output", "mlm_logits", "nsp_logits")
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.double() - want.double()).norm() / want.double().norm())
 
 
 def _released():
@@ -28,6 +25,8 @@ def _released():
     return sd, cfg
 
 
+@pytest.mark.slow
+@pytest.mark.numerics
 def test_the_reference_reproduces_the_released_code():
     """The reference is right: on the fixture made by the released code (RPE only) it gives
     that code's outputs (row 0, the released run was float32)."""
@@ -35,7 +34,7 @@ def test_the_reference_reproduces_the_released_code():
     ref = torch.load(str(PREFIX) + ".reference.pt", weights_only=True)
     out = released_forward(sd, cfg, ref["input_ids"][:1], ref["token_type_ids"][:1])
     for name in FIELDS:
-        assert _rel(out[name], ref[name][:1]) < 1e-6, name
+        assert_stored(out[name], ref[name][:1], name)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +54,7 @@ def ape_rpe(tmp_path_factory):
     return prefix, sd, cfg, ids, types
 
 
+@pytest.mark.numerics
 def test_ape_and_rpe_checkpoint_matches_the_reference(ape_rpe):
     prefix, sd, cfg, ids, types = ape_rpe
     model = folnet.load_official(prefix)
@@ -64,12 +64,12 @@ def test_ape_and_rpe_checkpoint_matches_the_reference(ape_rpe):
         out32 = model(ids, types)
         out64 = model.double()(ids, types)
     for name in FIELDS:
-        assert _rel(getattr(out64, name), want[name]) < 1e-10, name
-        assert _rel(getattr(out32, name), want[name]) < 1e-5, name
+        assert_rel(getattr(out64, name), want[name], 1e-10, f"float64 {name}")
+        assert_rel(getattr(out32, name), want[name], 1e-5, f"float32 {name}")
     # both tables matter: without the absolute one the outputs move
     sd_no_ape = {k: v for k, v in sd.items() if "abs_pos" not in k}
     plain = released_forward(sd_no_ape, {**cfg, "absolute_position": False}, ids, types)
-    assert _rel(plain["sequence_output"], want["sequence_output"]) > 1e-2
+    assert rel_error(plain["sequence_output"], want["sequence_output"]) > 1e-2
 
 
 def test_ape_and_rpe_round_trips_through_our_format(ape_rpe, tmp_path):

@@ -181,6 +181,7 @@ def unigram_entropy(dataset, collator) -> tuple[float, float]:
     return entropy, max(counts.values()) / total
 
 
+@pytest.mark.slow
 def test_mlm_loss_falls_well_below_the_unigram_entropy_on_english(tmp_path):
     from folnet.train.data.config import PretrainDataConfig
     from folnet.train.data.corpus import build_pretraining_dataset

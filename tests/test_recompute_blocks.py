@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerances import assert_close, assert_rel
 
 from folnet.ops.kernels.blocked import recompute_blocks
 from folnet.ops.kernels.sink import sink_einsum
+
+pytestmark = pytest.mark.numerics
 
 B, T, D, H = 2, 9, 5, 3
 
@@ -70,10 +73,10 @@ def test_equals_autograd_over_the_whole_square(sink):
     ref_grads = _grads(ref, (x, u, w, v))
     for rows in (1, 2, 4, T):
         got = _blocked(x, u, w, v, rows, sink=sink)
-        for a, b in zip(got, ref, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-        for a, b in zip(_grads(got, (x, u, w, v)), ref_grads, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        for name, a, b in zip(("unary", "binary"), got, ref, strict=True):
+            assert_close(a, b, rtol=1e-12, atol=1e-12, what=f"{name} output, {rows} rows")
+        for name, a, b in zip("xuwv", _grads(got, (x, u, w, v)), ref_grads, strict=True):
+            assert_close(a, b, rtol=1e-10, atol=1e-12, what=f"gradient of {name}, {rows} rows")
 
 
 def test_backward_redraws_each_blocks_dropout():
@@ -94,7 +97,9 @@ def test_backward_redraws_each_blocks_dropout():
                               for o in outs))
     numeric = (values[0] - values[1]) / 2e-6
     assert abs(numeric) > 1e-2
-    assert abs(numeric - (analytic * direction).sum()) <= 1e-6 * abs(numeric)
+    # float64 central differences: truncation ~eps**2, rounding ~1e-16 / eps = 1e-10
+    assert_rel((analytic * direction).sum(), numeric, 1e-6,
+               "gradient against central differences")
 
 
 def test_parameters_get_their_gradient_once_and_unused_outputs_stay_none():
@@ -105,7 +110,7 @@ def test_parameters_get_their_gradient_once_and_unused_outputs_stay_none():
     out_u.sum().backward()  # the binary output unused
     assert len(seen) == 1  # one accumulation, as a DDP gradient hook expects
     expected = torch.autograd.grad(_reference(x, u, w, v)[0].sum(), w)[0]
-    torch.testing.assert_close(seen[0], expected, rtol=1e-10, atol=1e-12)
+    assert_close(seen[0], expected, rtol=1e-10, atol=1e-12, what="accumulated gradient")
 
 
 def test_no_grad_is_a_plain_loop():
@@ -115,4 +120,4 @@ def test_no_grad_is_a_plain_loop():
         ref = _reference(x, u, w, v)
     for a, b in zip(got, ref, strict=True):
         assert a.grad_fn is None
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert_close(a, b, rtol=1e-12, atol=1e-12, what="output without grad")

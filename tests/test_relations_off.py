@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import assert_close
 
 import folnet
 
@@ -32,6 +33,7 @@ def _loss_and_grads(model, relations, batch):
     return out, grads
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(("ops", "position", "checkpointing"), [
     ("jmc.atp", "rpe", False),  # the fused einsum path
     ("jmc.atp", "rpe*", False),  # the compiled path (static relative embeddings)
@@ -45,15 +47,18 @@ def test_same_loss_and_gradients_without_the_final_relations(ops, position, chec
     full, g_full = _loss_and_grads(model, True, batch)
     lean, g_lean = _loss_and_grads(model, False, batch)
     assert full.relation_output is not None and lean.relation_output is None
-    torch.testing.assert_close(lean.loss, full.loss, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(lean.sequence_output, full.sequence_output)
+    assert_close(lean.loss, full.loss, rtol=1e-6, atol=1e-6, what="loss")
+    assert_close(lean.sequence_output, full.sequence_output, rtol=1e-5, atol=1e-5,
+                 what="sequence_output")
     reached = 0
     for name, g in g_full.items():
         if g is None:
             assert g_lean[name] is None, name
             continue
         reached += 1
-        torch.testing.assert_close(g_lean[name], g, rtol=1e-5, atol=1e-7, msg=name)
+        # the same gradients through a smaller graph, accumulated in another order: measured
+        # up to 4.8e-6 relative (token types) on two kernel sets
+        assert_close(g_lean[name], g, rtol=1e-4, atol=1e-6, what=f"gradient of {name}")
     assert reached > 10
     last = f"encoder.layers.{model.cfg.L - 1}.ffn_b."
     assert all(g_full[n] is None for n in g_full if n.startswith(last))  # unused either way

@@ -55,6 +55,7 @@ def launch(args: list[str]) -> subprocess.Popen:
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, kin_tokenizer):
     steps = 15
     # Uninterrupted reference (dropout stays at the preset's 0.1: RNG restore is exercised).

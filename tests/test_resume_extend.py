@@ -80,6 +80,7 @@ def finished_run(tmp_path_factory, kin_tokenizer) -> Path:
 # -- --resume with a larger --steps ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_finished_run_continues_to_more_steps_on_a_recomputed_schedule(
         tmp_path, finished_run, kin_tokenizer, capsys):
     # What a finished run leaves: its final model and a complete checkpoint at its last step.
@@ -125,6 +126,7 @@ def test_a_resume_still_refuses_other_options_and_fewer_steps_than_reached(
     assert snapshot(finished_run) == untouched  # refused before anything was written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streaming"])
 def test_continued_runs_equal_an_uninterrupted_one_bit_for_bit(tmp_path, kin_tokenizer,
                                                                streaming):

@@ -104,6 +104,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_live_runs_out_is_refused_at_once(tmp_path):
     out, hold = tmp_path / "run", tmp_path / "hold"
     hold.touch()

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import train_step
 
 
+@pytest.mark.slow
 def test_tiny_run_reports_every_case(tmp_path, capsys):
     out = tmp_path / "ts.json"
     rc = train_step.main(["--preset", "tiny", "--vocab-size", "300", "--seq-len", "16",
