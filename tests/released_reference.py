@@ -1,4 +1,4 @@
-"""An independent float64 reference of the released FOLNet encoder (shared/DESIGN.md section 3),
+"""An independent float64 reference of the released FOLNet encoder (docs/design.md section 3),
 computed straight from a released-format state dict (``NAME.pt`` keys) with the loop
 implementations of tests/loops.py for the operators. Slow; for a few tokens only. Used by the
 tests only, never by the library."""

@@ -1,6 +1,6 @@
 """Base atoms: token ids (and segments, and absolute positions) into the unary stream, clipped
 relative distances into the binary stream (paper Appendix A.4, with the released code's
-numbering -- DESIGN.md section 3). One module for every kind of model.
+numbering -- docs/design.md section 5). One module for every kind of model.
 
 Positions count from each row's first real token (`token_positions`): a row padded on the left
 gets the positions, and so the atoms, of the same row unpadded.

@@ -1,4 +1,4 @@
-"""Task heads, looked up by name (DESIGN.md section 3 for the released ones).
+"""Task heads, looked up by name (docs/design.md section 3 for the released ones).
 
 Every classification-style loss is `folnet.arch.objectives.token_cross_entropy`: labels of -100
 are ignored, and a batch with no label left gives a loss of 0 (not NaN). A head declares the

@@ -1,9 +1,9 @@
 """Import checkpoints released with the FOLNet paper: ``NAME.cfg`` (JSON) + ``NAME.pt``.
 
 The state dict is read with ``torch.load(weights_only=True)``, so no pickled code ever runs.
-Every released key is mapped onto our fused layout (DESIGN.md section 4: per-operator Linears in
-the release, one fused projection per stream here); keys left over, keys missing and shape
-mismatches are errors that name the keys.
+Every released key is mapped onto our fused layout (docs/design.md section 4: per-operator
+Linears in the release, one fused projection per stream here); keys left over, keys missing and
+shape mismatches are errors that name the keys.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def read_official_config(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]
     if fields.flag("diag_link"):
         raise FolnetError(f"{path}: diag_link = true is not supported")
     # the released flags are independent: the absolute table is added to the unary atoms, the
-    # relative embedding starts the binary stream (DESIGN.md section 3)
+    # relative embedding starts the binary stream (docs/design.md section 5)
     ape, rpe = fields.flag("absolute_position"), fields.flag("relative_position")
     pdims = fields.dims("predicate_dims", ("D1", "D2"))
     idims = fields.dims("intermediate_dims", ("F1", "F2"))

@@ -13,7 +13,7 @@ import operator
 
 from folnet.errors import FolnetError, choices
 
-#: Names a size expression may use: the model dimensions of DESIGN.md section 3.
+#: Names a size expression may use: the model dimensions (docs/design.md section 2).
 DIM_NAMES = ("D1", "D2", "H", "S", "F1", "F2")
 
 _BINARY = {

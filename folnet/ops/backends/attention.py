@@ -3,7 +3,7 @@
 A softmax-kernel operator has attention shape when its kernel is ``(query letters, groups,
 a)``, its premise ``(a, groups, value letters)`` and its output ``(query, groups, value)``; the
 kernel then becomes the additive attention bias and the queries and keys are zero, so attention
-computes exactly ``softmax_a(K) . v`` (DESIGN.md section 6).
+computes exactly ``softmax_a(K) . v`` (docs/design.md section 6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fused backend: an operator contracted together with its projections (DESIGN.md 6).
+"""The fused backend: an operator contracted with its projections (docs/design.md section 6).
 
 An operator's kernel and premise are linear projections of the normalised streams. On this
 path each operator becomes one multi-operand ``torch.einsum`` (whose order opt_einsum picks)
