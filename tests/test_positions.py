@@ -25,7 +25,6 @@ def _released():
     return sd, cfg
 
 
-@pytest.mark.slow
 @pytest.mark.numerics
 def test_the_reference_reproduces_the_released_code():
     """The reference is right: on the fixture made by the released code (RPE only) it gives

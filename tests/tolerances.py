@@ -12,10 +12,10 @@ The rule (docs/design.md section 9):
   round differently (measured on float32 logits: up to 3.9e-6 absolute between an AVX2 and an
   AVX-512/AMX machine). Such outputs are compared with `assert_stored`, at `STORED_REL`.
 * Every bound leaves a margin of 10x over what two CPU kernel sets measure: `make test` runs
-  the tests marked ``numerics`` a second time under torch's non-vectorised kernels with oneDNN
-  held to SSE4.1, and ``make tolerances`` prints each comparison's measured error against its
-  bound on both (`tests/tolerance_report.py`). A bound that cannot have that margin says why,
-  from the arithmetic, next to it.
+  the tests marked ``numerics`` (and not ``slow``) a second time under torch's non-vectorised
+  kernels with oneDNN held to SSE4.1, and ``make tolerances`` runs all of them on both and
+  prints each comparison's measured error against its bound (`tests/tolerance_report.py`). A
+  bound that cannot have that margin says why, from the arithmetic, next to it.
 
 Every helper here asserts, and when ``FOLNET_TOLERANCE_LOG`` names a file it appends one JSON
 line per comparison (the test, what was compared, the error measured and the bound), which is
