@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folnet.arch import adapters
 from folnet.ops.kernels import binary_ffn
 from folnet.ops.kernels.blocked import blocked_binary_ffn
 
@@ -42,9 +43,8 @@ class BinaryFFN(nn.Module):
         ``block_rows`` runs a full square that many query rows at a time, recomputing each
         block in the backward pass (`folnet.ops.kernels.blocked`); there ``keep`` (a bool
         mask of n2's shape) applies the residual dropout of rate ``p`` to the output."""
+        params = [t for m in (self.inp, self.out, self.skip)  # adapters included
+                  for t in (adapters.weight(m), adapters.bias(m))]
         if block_rows is not None:
-            return blocked_binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight,
-                                      self.out.bias, self.skip.weight, self.skip.bias,
-                                      rows=block_rows, keep=keep, p=p)
-        return binary_ffn(n2, self.inp.weight, self.inp.bias, self.out.weight, self.out.bias,
-                          self.skip.weight, self.skip.bias, nt=n2t)
+            return blocked_binary_ffn(n2, *params, rows=block_rows, keep=keep, p=p)
+        return binary_ffn(n2, *params, nt=n2t)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folnet.arch import adapters
 from folnet.arch.config import ModelConfig
 from folnet.arch.domain import ContextHook, Domain
 from folnet.arch.ffn import BinaryFFN, UnaryFFN
@@ -43,11 +44,11 @@ from folnet.ops.kernels.dropout import masked_scale
 ROLES = ("kernel", "premise")
 
 
-def _apply(fused: FusedProjection | FusedOutput, x: torch.Tensor) -> torch.Tensor:
+def _apply(fused: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A fused Linear as a function, not a module call: inside a recomputed block (an autograd
-    Function's forward) module hooks, such as FlopCounterMode's, must not run."""
-    bias = fused.full() if isinstance(fused, FusedProjection) else fused.bias.sum(0)
-    return F.linear(x, fused.weight, bias)
+    Function's forward) module hooks, such as FlopCounterMode's, must not run. Its weight comes
+    through `folnet.arch.adapters` (a LoRA adapter's update included)."""
+    return F.linear(x, adapters.weight(fused), adapters.bias(fused))
 
 
 def _added(u2: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
@@ -68,8 +69,10 @@ class DualStreamLayer(nn.Module):
         self.slots, segments, widths = build_slots(plan, cfg)
         self.proj_u = FusedProjection(cfg.D1, segments["U"]) if segments["U"] else None
         self.proj_b = FusedProjection(cfg.D2, segments["B"]) if segments["B"] else None
-        self.out_u = FusedOutput(widths["U"], cfg.D1, len(plan.unary)) if plan.unary else None
-        self.out_b = FusedOutput(widths["B"], cfg.D2, len(plan.binary)) if plan.binary else None
+        outputs = {stream: tuple((s.spec.symbol, s.out_width) for s in self.slots
+                                 if s.spec.typing.output == stream) for stream in STREAMS}
+        self.out_u = FusedOutput(widths["U"], cfg.D1, outputs["U"]) if plan.unary else None
+        self.out_b = FusedOutput(widths["B"], cfg.D2, outputs["B"]) if plan.binary else None
         self.ffn_u = UnaryFFN(cfg.D1, cfg.F1)
         self.ffn_b = BinaryFFN(cfg.D2, cfg.F2)
         self.memory_mode, self.block_rows = "auto", None  # `folnet.arch.memory.set_memory`
@@ -91,6 +94,10 @@ class DualStreamLayer(nn.Module):
         self.width_u, self.width_b = width["U"], width["B"]
         self.cross_u = nn.Linear(cfg.D1, self.width_u) if cross and self.width_u else None
         self.cross_b = nn.Linear(cfg.D2, self.width_b) if cross and self.width_b else None
+
+    def extra_repr(self) -> str:
+        return (f"ops={self.plan}, causal={self.causal}, memory={self.memory_mode!r}"
+                + ("" if self.block_rows is None else f", block_rows={self.block_rows}"))
 
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
         return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
@@ -133,10 +140,12 @@ class DualStreamLayer(nn.Module):
         if not binary:
             return parts
         widths = [seg.width for *_, seg in binary]
-        if sum(widths) == self.proj_b.width and all(layouts[i][r] == "cl" for i, r, _ in binary):
-            outs = torch.split(_apply(self.proj_b, n2), widths, dim=-1)  # (B, Q, n, w) each
+        proj_b = self.proj_b
+        if sum(widths) == adapters.unwrap(proj_b).width and all(
+                layouts[i][r] == "cl" for i, r, _ in binary):
+            outs = torch.split(_apply(proj_b, n2), widths, dim=-1)  # (B, Q, n, w) each
         else:
-            outs = segmented_linear(n2, self.proj_b.weight, self.proj_b.full(), tuple(
+            outs = segmented_linear(n2, adapters.weight(proj_b), adapters.bias(proj_b), tuple(
                 (seg.start, seg.width, layouts[i][r]) for i, r, seg in binary))
         for (i, role, seg), t in zip(binary, outs, strict=True):
             # (B, C, Q, n) -> (B, *channels, row, col) or (B, Q, n, C) -> (B, row, col, *channels)
@@ -152,8 +161,9 @@ class DualStreamLayer(nn.Module):
     def _folded(self, i: int, role: str, n2: torch.Tensor) -> Operand:
         """A binary tensor handed over folded: the normalised stream and its weight rows."""
         seg: Segment = self.slots[i].segment(role)
-        w = self.proj_b.weight[seg.start : seg.start + seg.width].view(*seg.channels, -1)
-        bias = self.proj_b.full()
+        w = adapters.weight(self.proj_b)[seg.start : seg.start + seg.width].view(*seg.channels,
+                                                                                  -1)
+        bias = adapters.bias(self.proj_b)
         if seg.bias:
             bias = bias[seg.start : seg.start + seg.width].view(seg.channels)
         idx = self.ops[i].spec.tensor(role)
@@ -169,13 +179,23 @@ class DualStreamLayer(nn.Module):
 
     def _context(self, parts, keep, hook: ContextHook):
         """Hand the rows' context channels to ``hook``; returns the operands read from the
-        buffers it gives back, {(slot, role): Operand}, and which of them are premasked."""
+        buffers it gives back, {(slot, role): Operand}, and which of them are premasked.
+        Operators this call skips (a ``unary_only`` layer's binary-output ones) have no
+        projections in ``parts``: their channels go to the hook as zeros (the buffers keep
+        one layout), or not at all when no operator of a stream reads context, and none is
+        read back."""
         own = {}
         for stream in STREAMS:
             keys = [k for k in self.context if self.slots[k[0]].segment(k[1]).stream == stream]
-            if keys:  # (B, Q, [n,] W) in context order
-                own[stream] = torch.cat([parts[k].tensor.flatten(-len(
-                    self.slots[k[0]].segment(k[1]).channels)) for k in keys], -1)
+            present = [k for k in keys if k in parts]
+            if present:  # (B, Q, [n,] W) in context order
+                first = present[0]
+                lead = parts[first].tensor.shape[:-len(self.slots[first[0]].segment(
+                    first[1]).channels)]
+                own[stream] = torch.cat([
+                    parts[k].tensor.flatten(-len(self.slots[k[0]].segment(k[1]).channels))
+                    if k in parts else parts[first].tensor.new_zeros(
+                        *lead, self.slots[k[0]].segment(k[1]).width) for k in keys], -1)
         if "B" in own:
             own["B"] = own["B"] * keep  # (B, Q, n, Wb): the pairs the rows see
         buffers = hook(own.get("U"), own.get("B"))
@@ -183,6 +203,8 @@ class DualStreamLayer(nn.Module):
             return {}, {}
         taken, premasked = {}, {}
         for (i, role), start in self.context.items():
+            if (i, role) not in parts:
+                continue
             seg, spec = self.slots[i].segment(role), self.ops[i].spec
             buf = buffers[STREAMS.index(seg.stream)]  # (B, n, [n,] W)
             t = buf[..., start : start + seg.width].unflatten(-1, seg.channels)
@@ -193,17 +215,20 @@ class DualStreamLayer(nn.Module):
 
     # -- the layer ---------------------------------------------------------------------------------
     def forward(self, u1: torch.Tensor, u2: torch.Tensor, domain: Domain, *,
-                context: ContextHook | None = None, unary_only: bool = False
+                context: ContextHook | None = None, unary_only: bool = False,
+                attentions: dict[str, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """u1 (B, Q, D1), u2 (B, Q, n, D2) -> both updated. ``unary_only`` (the last layer, when
         nothing reads the final binary stream) skips every update of u2 -- the binary-output
         operators and the binary FFN -- and returns None in its place. Long enough inputs run
-        the mixer and the binary FFN in blocks of query rows (`folnet.arch.memory`)."""
+        the mixer and the binary FFN in blocks of query rows (`folnet.arch.memory`), but for a
+        call that asks for ``attentions``: that dict gets each softmax operator's activated
+        kernel over the whole square, by symbol."""
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
         row_pairs = u2.shape[0] * u2.shape[2]  # B x n
-        rows = block_rows_for(u2.shape[1], self.memory_mode, self.block_rows,
-                              row_pairs=row_pairs)
+        rows = None if attentions is not None else block_rows_for(
+            u2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs)
         n2 = self._norm_binary(u2)
         wanted = [i for i, s in enumerate(self.slots)
                   if not (unary_only and s.spec.typing.output == "B")]
@@ -221,7 +246,8 @@ class DualStreamLayer(nn.Module):
         plan = (backends, layouts, wanted)
         keep = domain.keep()  # (B|1, Q, n, 1) or None
         if rows is None:
-            u1, u2 = self._write(u1, u2, *self._mix(n1, n2, domain, plan, context, keep), keep)
+            u1, u2 = self._write(u1, u2, *self._mix(n1, n2, domain, plan, context, keep,
+                                                     attentions), keep)
         else:
             u1, u2 = self._mix_blocked(u1, u2, n1, n2, domain, plan, context, keep, rows)
         u1 = dropout_add(u1, self.ffn_u(self._norm(u1, cfg.D1)), cfg.dropout, self.training)
@@ -241,7 +267,7 @@ class DualStreamLayer(nn.Module):
                              self.training)
         return u1, (u2 if keep is None else u2 * keep)
 
-    def _mix(self, n1, n2, domain, plan, context, keep):
+    def _mix(self, n1, n2, domain, plan, context, keep, attentions=None):
         """The mixer over every query row at once: (unary outputs (B, Q, M1) or None, binary
         update (B, Q, n, D2) or None)."""
         backends, layouts, wanted = plan
@@ -250,7 +276,8 @@ class DualStreamLayer(nn.Module):
         if context is not None:
             taken, premasked = self._context(parts, keep, context)
             parts.update(taken)
-        return self._updates(self._operate(parts, backends, domain, wanted, premasked), domain)
+        return self._updates(self._operate(parts, backends, domain, wanted, premasked,
+                                           attentions), domain)
 
     def _mix_blocked(self, u1, u2, n1, n2, domain, plan, context, keep, rows):
         """The mixer ``rows`` query rows at a time, each block recomputed in the backward pass
@@ -343,8 +370,9 @@ class DualStreamLayer(nn.Module):
         letters = [parts[k].letters for k in order]
         return order, letters, [n1, n2, *(parts[k].tensor for k in order)], None, premasked
 
-    def _operate(self, parts, backends, domain, wanted, premasked):
-        """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]}."""
+    def _operate(self, parts, backends, domain, wanted, premasked, attentions=None):
+        """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]};
+        ``attentions`` (a dict) also gets each softmax operator's activated kernel."""
         cfg = self.cfg
         p = cfg.kernel_dropout if self.training else 0.0
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
@@ -355,6 +383,9 @@ class DualStreamLayer(nn.Module):
             if slot.kernel_scale != 1.0:
                 K = Operand(K.tensor * slot.kernel_scale, K.letters)
             order = domain.order(masks.query_letter(spec))
+            if attentions is not None and spec.activation == "softmax":
+                attentions[spec.symbol] = op.probabilities(
+                    K, domain.pad, order=order, premasked=frozenset(premasked.get(i, ())))
             out = op.run(K, v, domain.pad, order=order, backend=backends[i],
                          dropout_p=p if spec.kernel_dropout else 0.0,
                          premasked=frozenset(premasked.get(i, ())))  # spec.output layout
@@ -379,7 +410,7 @@ class DualStreamLayer(nn.Module):
         # the CPU fast product (`folnet.ops.kernels.linear`) on the bidirectional square;
         # causal layers keep the plain product their checkpoints' outputs were made with
         # (the two round differently: ~1e-7 relative)
-        return mixed_u, (linear(cat, self.out_b.weight, self.out_b.bias.sum(0))
+        return mixed_u, (linear(cat, adapters.weight(self.out_b), adapters.bias(self.out_b))
                          if domain.visible is None else _apply(self.out_b, cat))
 
     def _write(self, u1, u2, mixed_u, update, keep):

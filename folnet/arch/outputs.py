@@ -72,14 +72,20 @@ class FolnetOutput(ModelOutput):
     loss: torch.Tensor | None = None
     sequence_output: torch.Tensor | None = None  # (B, T, D1) final unary atoms
     pooled_output: torch.Tensor | None = None  # (B, D1) tanh(Linear) of token 0
-    relation_output: torch.Tensor | None = None  # (B, T, T, D2) final binary atoms; None when
-    # the model's ``relations`` is off
+    relation_output: torch.Tensor | None = None  # (B, T, T, D2) final binary atoms; only when
+    # asked for (``output_relations=True`` or the model's ``relations``)
     mlm_logits: torch.Tensor | None = None  # (B, T, V) or (N, V) when only masked positions
     nsp_logits: torch.Tensor | None = None  # (B, 2)
     logits: torch.Tensor | None = None  # task head
     start_logits: torch.Tensor | None = None  # qa
     end_logits: torch.Tensor | None = None  # qa
     mlm_labels: torch.Tensor | None = None  # the labels matching mlm_logits rows when gathered
+    # on request (`folnet.arch.stack.Record`): L + 1 unary states (B, T, D1), the last the
+    # sequence output; binary states (B, T, T, D2) likewise (with output_relations); per layer
+    # {operator: activated softmax kernel}
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    relation_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[dict[str, torch.Tensor], ...] | None = None
 
 
 @dataclass(eq=False)
@@ -93,3 +99,20 @@ class TextOutput(ModelOutput):
     relation_output: torch.Tensor | None = None  # (B, T, n, D2) final binary atoms
     encoder_sequence_output: torch.Tensor | None = None  # (B, N, D1)
     encoder_relation_output: torch.Tensor | None = None  # (B, N, N, D2)
+    # on request, as `FolnetOutput`'s (the decoder's; then the encoder's)
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    relation_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[dict[str, torch.Tensor], ...] | None = None
+    encoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    encoder_relation_states: tuple[torch.Tensor, ...] | None = None
+    encoder_attentions: tuple[dict[str, torch.Tensor], ...] | None = None
+
+
+def recorded(record: Any, prefix: str = "") -> dict[str, Any]:
+    """The output fields a `folnet.arch.stack.Record` filled, as tuples (``prefix``
+    "encoder_" for an encoder-decoder's encoder)."""
+    if record is None:
+        return {}
+    pairs = (("hidden_states", record.hidden), ("relation_states", record.relations),
+             ("attentions", record.attentions))
+    return {prefix + name: tuple(value) for name, value in pairs if value is not None}

@@ -32,6 +32,7 @@ class Segment:
     width: int
     channels: tuple[int, ...]  # channel sizes in the spec's index-list order
     bias: bool
+    name: str = ""  # "j.kernel", "t.premise", ...: what `print(model)` shows
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def build_slots(plan: LayerPlan, cfg: ModelConfig
             stream = spec.stream(role)
             channels = tuple(sizes[c] for c in spec.channels(role))
             proj = spec.kernel_proj if role == "kernel" else spec.premise_proj
-            seg = Segment(stream, offsets[stream], math.prod(channels), channels, proj.bias)
+            seg = Segment(stream, offsets[stream], math.prod(channels), channels, proj.bias,
+                          f"{spec.symbol}.{role}")
             offsets[stream] += seg.width
             segments[stream].append(seg)
             segs[role] = seg
@@ -91,17 +93,33 @@ def build_slots(plan: LayerPlan, cfg: ModelConfig
     return slots, segments, out_offsets
 
 
-class FusedProjection(nn.Module):
+class FusedProjection(nn.Linear):
     """One Linear producing every segment a stream feeds; biases only where segments have one
-    (``bias`` holds the biased segments' channels, in order)."""
+    (``bias`` holds the biased segments' channels, in order). An `nn.Linear` (weight
+    ``(width, d_in)``), so that tools that adapt Linears -- PEFT's LoRA -- take it; the layer
+    reads it through `folnet.arch.adapters`."""
 
     def __init__(self, d_in: int, segments: list[Segment]):
-        super().__init__()
-        self.width = sum(s.width for s in segments)
-        self.weight = nn.Parameter(torch.empty(self.width, d_in))
+        width = sum(s.width for s in segments)
+        super().__init__(d_in, width, bias=False)
+        self.width = width
         self.runs = tuple((s.width, s.bias) for s in segments)  # (width, biased) in order
+        self.names = tuple(s.name for s in segments)
         biased = sum(s.width for s in segments if s.bias)
         self.bias = nn.Parameter(torch.zeros(biased)) if biased else None
+
+    def reset_parameters(self) -> None:
+        """Nothing: the model initialises every parameter (`FolnetBase.reset_parameters`), so
+        building draws no random numbers here (nn.Linear's own init would shift every seeded
+        model's weights)."""
+
+    def extra_repr(self) -> str:
+        parts = ", ".join(f"{name} {width}{'+bias' if biased else ''}"
+                          for name, (width, biased) in zip(self.names, self.runs, strict=True))
+        return f"in_features={self.in_features}, out_features={self.width}: {parts}"
+
+    def full_bias(self) -> torch.Tensor | None:
+        return self.full()
 
     def full(self) -> torch.Tensor | None:
         """The bias over every output channel (zeros where a segment has none), or None."""
@@ -120,14 +138,25 @@ class FusedProjection(nn.Module):
         return F.linear(x, self.weight, self.full())
 
 
-class FusedOutput(nn.Module):
+class FusedOutput(nn.Linear):
     """One Linear over the concatenated operator outputs, one bias per operator (summed), as the
-    released per-operator output Linears are."""
+    released per-operator output Linears are. ``outputs`` names each operator's output
+    channels, in order: ``(("j", 64), ("m", 64), ...)``."""
 
-    def __init__(self, d_in: int, d_out: int, num_ops: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(d_out, d_in))
-        self.bias = nn.Parameter(torch.zeros(num_ops, d_out))
+    def __init__(self, d_in: int, d_out: int, outputs: tuple[tuple[str, int], ...]):
+        super().__init__(d_in, d_out, bias=False)
+        self.outputs = tuple(outputs)
+        self.bias = nn.Parameter(torch.zeros(len(self.outputs), d_out))
+
+    def reset_parameters(self) -> None:
+        """Nothing, as `FusedProjection.reset_parameters`."""
+
+    def extra_repr(self) -> str:
+        parts = " + ".join(f"{symbol} {width}" for symbol, width in self.outputs)
+        return f"in_features={self.in_features} ({parts}), out_features={self.out_features}"
+
+    def full_bias(self) -> torch.Tensor:
+        return self.bias.sum(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias.sum(0))

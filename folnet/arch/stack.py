@@ -11,6 +11,7 @@ embedding, and its causal layers may read an encoder's context (``cross``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,22 +32,56 @@ def make_layers(cfg: ModelConfig, plan: ArchPlan, *, causal: bool = False,
                          for lp in plan.layers)
 
 
+@dataclass(eq=False)
+class Record:
+    """The per-layer states a forward pass was asked for (transformers' output_hidden_states
+    and output_attentions); a list is None when not asked for.
+
+    ``hidden``: the unary stream after the atoms and after each layer but the last, then the
+    final normalised stream (the sequence output): L + 1 tensors (B, Q, D1). ``relations``:
+    the binary stream likewise, (B, Q, n, D2). ``attentions``: per layer, {operator symbol:
+    its activated softmax kernel} (`folnet.ops.compiler.CompiledOperator.probabilities`)."""
+
+    hidden: list[torch.Tensor] | None = None
+    relations: list[torch.Tensor] | None = None
+    attentions: list[dict[str, torch.Tensor]] | None = None
+
+    @classmethod
+    def asked(cls, hidden: bool, relations: bool, attentions: bool) -> Record | None:
+        if not (hidden or attentions):
+            return None
+        return cls([] if hidden else None, [] if hidden and relations else None,
+                   [] if attentions else None)
+
+    def states(self, u1: torch.Tensor, u2: torch.Tensor | None) -> None:
+        if self.hidden is not None:
+            self.hidden.append(u1)
+        if self.relations is not None and u2 is not None:
+            self.relations.append(u2)
+
+
 def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.Tensor,
               token_type_ids: torch.Tensor | None, domain: Domain, positions: torch.Tensor,
               rel_ids: torch.Tensor | None = None, *, relations: bool = True,
-              contexts: Sequence[ContextHook] | None = None, checkpointing: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+              contexts: Sequence[ContextHook] | None = None, checkpointing: bool = False,
+              record: Record | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ids (B, Q) at ``positions`` (B|1, Q) of ``domain`` -> final unary atoms (B, Q, D1)
     and binary atoms (B, Q, n, D2). ``rel_ids`` (B|1, Q, n) start the binary stream under RPE;
     ``contexts`` gives each causal layer its context hook; ``checkpointing`` recomputes each
     layer in the backward pass. With ``relations=False`` the last layer skips its binary-stream
-    updates (nothing would read them) and the binary atoms come back None."""
+    updates (nothing would read them) and the binary atoms come back None. ``record`` collects
+    the per-layer states it asks for (`Record`)."""
     cfg = atoms.cfg
     u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep())
     last = len(layers) - 1
     for i, layer in enumerate(layers):
+        if record is not None:
+            record.states(u1, u2)
         kw = {"unary_only": not relations and i == last,
               "context": None if contexts is None else contexts[i]}
+        if record is not None and record.attentions is not None:
+            record.attentions.append({})
+            kw["attentions"] = record.attentions[-1]
         if checkpointing and layer.training:
             u1, u2 = torch.utils.checkpoint.checkpoint(layer, u1, u2, domain,
                                                        use_reentrant=False, **kw)
@@ -55,6 +90,8 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
     u1 = F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps)
     if u2 is not None:  # LN(0) = 0: a causal stack's binary atoms stay masked
         u2 = F.layer_norm(u2, (cfg.D2,), eps=cfg.layer_norm_eps)
+    if record is not None:
+        record.states(u1, u2)
     return u1, u2
 
 
@@ -72,10 +109,12 @@ class Stack(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 domain: Domain, positions: torch.Tensor, rel_ids: torch.Tensor | None = None,
-                *, relations: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                *, relations: bool = True, record: Record | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """See `run_stack`."""
         return run_stack(self.atoms, self.layers, input_ids, token_type_ids, domain, positions,
-                         rel_ids, relations=relations, checkpointing=self.checkpointing)
+                         rel_ids, relations=relations, checkpointing=self.checkpointing,
+                         record=record)
 
     def pool(self, u1: torch.Tensor) -> torch.Tensor:
         """tanh(Linear) of token 0: (B, D1)."""

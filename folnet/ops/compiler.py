@@ -27,6 +27,7 @@ import torch
 from folnet.errors import FolnetError, choices
 from folnet.ops import masks
 from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, Call, Operand
+from folnet.ops.backends.base import activated_kernel
 from folnet.ops.registry import get_operator
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
 
@@ -118,6 +119,21 @@ class CompiledOperator:
                 requires_grad=t.requires_grad or premise.tensor.requires_grad))
         return backend.run(self, kernel, premise, pad, order=order, dropout_p=dropout_p,
                            premasked=premasked)
+
+    def probabilities(self, kernel: Operand, pad: torch.Tensor | None, *,
+                      order: masks.Visibility | None,
+                      premasked: frozenset[str] = frozenset()) -> torch.Tensor:
+        """A softmax operator's activated kernel -- masks and the softmax over the R-dim, no
+        dropout -- laid out channels first, then tokens, the R-dim last: (B, h, x, a) for
+        ``j``, ``m`` and ``t``, (B, s, h, a) for ``c`` (what ``output_attentions`` returns)."""
+        spec = self.spec
+        if spec.activation != "softmax":
+            raise FolnetError(f"operator {spec.symbol!r} has no softmax kernel to return")
+        K, kidx = activated_kernel(spec, kernel, pad, order=order,
+                                   premasked="kernel" in premasked)
+        letters = (*(c for c in kidx if c not in TOKEN_LETTERS),
+                   *(c for c in kidx if c in TOKEN_LETTERS and c != spec.rdim), spec.rdim)
+        return K.permute([0] + [1 + kidx.index(c) for c in letters])
 
     # -- the public entries ----------------------------------------------------------------------
     def __call__(self, kernel: torch.Tensor, premise: torch.Tensor,

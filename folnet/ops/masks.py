@@ -54,9 +54,18 @@ def expanded_kernel(spec: OperatorSpec, causal: bool) -> tuple[str, ...]:
     return spec.kernel
 
 
-@functools.lru_cache(maxsize=256)
 def tril(n: int, device: torch.device) -> torch.Tensor:
-    """The plain causal visibility: ``(T, T)`` keep[row, col] = col <= row."""
+    """The plain causal visibility: ``(T, T)`` keep[row, col] = col <= row. Cached per
+    (length, device) in eager mode; made afresh while torch.export or torch.compile traces
+    (a symbolic length cannot be a cache key, and a cached tensor made during one trace is
+    a fake tensor that the next trace would take for a constant)."""
+    if not isinstance(n, int) or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    return _tril(n, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _tril(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril_()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from folnet.arch.checkpoint import save_pretrained
@@ -13,6 +14,7 @@ from folnet.arch.config import ModelConfig
 from folnet.arch.heads import Head, get_head
 from folnet.arch.plan import ArchPlan, parse_plan
 from folnet.arch.stack import Stack
+from folnet.arch.vocab import resize_vocabulary
 from folnet.errors import FolnetError
 
 
@@ -55,6 +57,14 @@ class FolnetBase(nn.Module):
     def word_embedding(self) -> nn.Embedding:
         """The word embedding (the LM heads' decoder is tied to it)."""
         raise NotImplementedError
+
+    def resize_token_embeddings(self, vocab_size: int, *, mean_resizing: bool = True,
+                                generator: torch.Generator | None = None) -> nn.Embedding:
+        """Resize the vocabulary to ``vocab_size`` ids after tokens were added to (or removed
+        from) the tokenizer: the word embedding, the heads tied to it and the config
+        (`folnet.arch.vocab`). Returns the word embedding."""
+        return resize_vocabulary(self, vocab_size, mean_resizing=mean_resizing,
+                                 generator=generator)
 
     def reset_parameters(self) -> None:
         """BERT-style init: N(0, initializer_range) weights and embeddings, zero biases. A

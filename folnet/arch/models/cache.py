@@ -37,6 +37,7 @@ class GenerationCache:
                  visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
                  rel_ids: torch.Tensor | None, dtype: torch.dtype, device: torch.device):
         self.capacity = capacity
+        self.batch = batch
         self.length = 0  # positions whose context channels are stored
         self.visible = visible  # (B|1, capacity, capacity) bool
         self.pad = pad  # (B, capacity) bool, or None
@@ -49,6 +50,41 @@ class GenerationCache:
                                           device=device) if layer.width_u else None)
             self.ctx_b.append(torch.zeros(batch, layer.width_b, capacity, capacity, dtype=dtype,
                                           device=device) if layer.width_b else None)
+
+    def facts(self, visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
+              rel_ids: torch.Tensor | None) -> None:
+        """Set the domain's static facts, sized for the capacity."""
+        self.visible, self.pad, self.positions, self.rel_ids = visible, pad, positions, rel_ids
+
+    def grow(self, capacity: int, visible: torch.Tensor, pad: torch.Tensor | None,
+             positions: torch.Tensor, rel_ids: torch.Tensor | None) -> None:
+        """Make room for ``capacity`` positions (a generation whose length is not known up
+        front, as transformers' generate runs it): new buffers holding the old ones, and the
+        domain facts for the new capacity."""
+        old = self.capacity
+        for i, t in enumerate(self.ctx_u):
+            if t is not None:  # (B, cap, Wu)
+                self.ctx_u[i] = t.new_zeros(t.shape[0], capacity, t.shape[2])
+                self.ctx_u[i][:, :old] = t
+        for i, t in enumerate(self.ctx_b):
+            if t is not None:  # (B, Wb, cap, cap)
+                self.ctx_b[i] = t.new_zeros(*t.shape[:2], capacity, capacity)
+                self.ctx_b[i][:, :, :old, :old] = t
+        self.capacity = capacity
+        self.facts(visible, pad, positions, rel_ids)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (B',) of the batch, in that order (beam search): every
+        buffer and every per-row fact."""
+        batch = self.batch
+
+        def pick(t):
+            return t if t is None or t.shape[0] != batch else t.index_select(0, index)
+
+        self.batch = int(index.numel())
+        self.ctx_u = [pick(t) for t in self.ctx_u]
+        self.ctx_b = [pick(t) for t in self.ctx_b]
+        self.facts(pick(self.visible), pick(self.pad), pick(self.positions), pick(self.rel_ids))
 
     def write(self, layer: int, start: int, ctx_u: torch.Tensor | None,
               ctx_b: torch.Tensor | None) -> None:

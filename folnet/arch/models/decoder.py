@@ -7,6 +7,8 @@ token."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from folnet.arch.atoms import Atoms, token_positions
@@ -21,11 +23,11 @@ from folnet.arch.inputs import (
 )
 from folnet.arch.kinds import register_kind
 from folnet.arch.models.cache import GenerationCache
-from folnet.arch.models.text import TextModel
+from folnet.arch.models.text import FACTS, Session, TextModel
 from folnet.arch.objectives import lm_loss
-from folnet.arch.outputs import TextOutput
+from folnet.arch.outputs import TextOutput, recorded
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import make_layers, run_stack
+from folnet.arch.stack import Record, make_layers, run_stack
 
 
 @register_kind("decoder")
@@ -46,9 +48,10 @@ class FolnetDecoderLM(TextModel):
     def decoder_stack(self):
         return self.atoms, self.layers
 
-    def _run(self, ids, domain, positions, rel, contexts=None):
+    def _run(self, ids, domain, positions, rel, contexts=None, *, relations=False, record=None):
         return run_stack(self.atoms, self.layers, ids, None, domain, positions, rel,
-                         contexts=contexts, checkpointing=self.checkpointing)
+                         relations=relations, contexts=contexts,
+                         checkpointing=self.checkpointing, record=record)
 
     def _domain(self, n: int, pad: torch.Tensor | None, prefix: torch.Tensor | None,
                 device: torch.device):
@@ -59,11 +62,15 @@ class FolnetDecoderLM(TextModel):
 
     def forward(self, input_ids: torch.Tensor, prefix_lengths: torch.Tensor | int | None = None,
                 labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> TextOutput:
+                attention_mask: torch.Tensor | None = None, *,
+                output_relations: bool | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TextOutput:
         """input_ids (B, T) -> next-token logits (B, T, V). ``prefix_lengths`` (B,) makes row
         b's first prefix_lengths[b] tokens see each other; ``labels`` (B, T) (usually the
         input ids, -100 to ignore) gives ``.loss``, the next-token cross-entropy over the
-        target positions (after the prefix); ``attention_mask`` (B, T) marks real tokens."""
+        target positions (after the prefix); ``attention_mask`` (B, T) marks real tokens.
+        ``output_relations``, ``output_hidden_states``, ``output_attentions``: as the
+        encoder's (`folnet.arch.models.encoder.FolnetModel.forward`)."""
         values = isinstance(input_ids, torch.Tensor) and values_checked(input_ids, self.validate)
         ids = check_ids(self.cfg, input_ids, values=values)
         B, T = ids.shape
@@ -72,10 +79,13 @@ class FolnetDecoderLM(TextModel):
         if labels is not None:
             check_labels(labels, (B, T))
         domain, positions, rel = self._domain(T, pad, prefix, ids.device)
-        u1, u2 = self._run(ids, domain, positions, rel)
+        relations = self.relations if output_relations is None else bool(output_relations)
+        record = Record.asked(output_hidden_states, relations, output_attentions)
+        u1, u2 = self._run(ids, domain, positions, rel, relations=relations, record=record)
         logits = self.lm(u1)  # (B, T, V)
         loss = None if labels is None else lm_loss(logits, labels, prefix, positions)
-        return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss)
+        return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss,
+                          **recorded(record))
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
@@ -99,42 +109,65 @@ class FolnetDecoderLM(TextModel):
                               eos_token_id=eos_token_id, pad_token_id=pad_token_id)
         pad = check_mask(attention_mask, ids)
         prefix = check_prefix(prefix_lengths, B, T0, ids.device)
-        cap = T0 + max_new_tokens
-        if pad is not None:
-            pad = torch.cat([pad, pad.new_ones(B, max_new_tokens)], dim=1)  # (B, cap)
-        domain, positions, rel = self._domain(cap, pad, prefix, ids.device)
-        cache = GenerationCache(self.layers if use_cache else (), batch=B, capacity=cap,
-                                visible=domain.visible, pad=pad, positions=positions,
-                                rel_ids=rel, dtype=self.lm.bias.dtype, device=ids.device)
-        session = self._cached if use_cache else self._recomputed
-        first, step = session(ids, cache)
+        if use_cache:
+            first, session = self.begin(ids, pad, prefix, capacity=T0 + max_new_tokens)
+            first = first[:, -1]
+
+            def step(tokens):
+                return session.step(tokens[:, None])[:, -1]
+        else:
+            first, step = self._recomputed(ids, pad, prefix, T0 + max_new_tokens)
         return self.finish(ids, first, step, max_new_tokens, return_logits, do_sample=do_sample,
                            temperature=temperature, top_k=top_k, generator=generator,
                            eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
-    def _prefix_run(self, ids: torch.Tensor, cache: GenerationCache, *, store: bool):
-        """The full square of the first ``n`` tokens (storing their context when ``store``)."""
+    def _facts(self, capacity: int, rows: dict, *, device: torch.device) -> tuple:
+        """The domain facts of ``capacity`` positions for a prompt's padding and prefixes: its
+        pads, then real tokens only."""
+        pad, prefix = rows["pad"], rows["prefix"]
+        if pad is not None:  # (B, T0) -> (B, capacity)
+            pad = torch.cat([pad, pad.new_ones(pad.shape[0], capacity - pad.shape[1])], dim=1)
+        domain, positions, rel = self._domain(capacity, pad, prefix, device)
+        return domain.visible, pad, positions, rel
+
+    def begin(self, ids: torch.Tensor, pad: torch.Tensor | None = None,
+              prefix: torch.Tensor | None = None, *, capacity: int | None = None,
+              record: Record | None = None) -> tuple[torch.Tensor, Session]:
+        """Start a cached generation from prompts ``ids`` (B, T0) (checked inputs: ``pad``
+        (B, T0) bool, ``prefix`` (B,)): the prompt's next-token logits (B, T0, V) and the
+        `Session` that continues it. ``capacity`` sizes the cache (default: twice the
+        prompt; it grows when full); ``record`` collects the prompt's per-layer states."""
+        B, T0 = ids.shape
+        rows = {"pad": pad, "prefix": prefix}
+        facts = functools.partial(self._facts, device=ids.device)
+        capacity = capacity or 2 * T0
+        cache = GenerationCache(self.layers, batch=B, capacity=capacity,
+                                **dict(zip(FACTS, facts(capacity, rows), strict=True)),
+                                dtype=self.lm.bias.dtype, device=ids.device)
+        u1 = self._prefix_run(ids, cache, store=True, record=record)
+        cache.length = T0
+        return self.lm(u1), Session(self, cache, facts, rows)
+
+    def _prefix_run(self, ids: torch.Tensor, cache: GenerationCache, *, store: bool,
+                    record: Record | None = None) -> torch.Tensor:
+        """The full square of the first ``n`` tokens (storing their context when ``store``):
+        final unary atoms (B, n, D1)."""
         n = ids.shape[1]
         positions, rel = cache.atoms_at(0, n)
         hooks = ([cache.hook(i, 0, read=False) for i in range(len(self.layers))]
                  if store else None)
-        u1, _ = self._run(ids, cache.domain(n), positions, rel, hooks)
-        return self.lm(u1[:, -1])  # (B, V)
+        return self._run(ids, cache.domain(n), positions, rel, hooks, record=record)[0]
 
-    def _recomputed(self, ids, cache):
+    def _recomputed(self, ids, pad, prefix, capacity):
+        """Decoding that recomputes the whole square at each step (the reference)."""
+        facts = self._facts(capacity, {"pad": pad, "prefix": prefix}, device=ids.device)
+        cache = GenerationCache((), batch=ids.shape[0], capacity=capacity,
+                                **dict(zip(FACTS, facts, strict=True)),
+                                dtype=self.lm.bias.dtype, device=ids.device)
         seq = [ids]
 
         def step(tokens):
             seq.append(tokens[:, None])
-            return self._prefix_run(torch.cat(seq, dim=1), cache, store=False)
+            return self.lm(self._prefix_run(torch.cat(seq, dim=1), cache, store=False)[:, -1])
 
-        return self._prefix_run(ids, cache, store=False), step
-
-    def _cached(self, ids, cache):
-        first = self._prefix_run(ids, cache, store=True)
-        cache.length = ids.shape[1]
-
-        def step(tokens):
-            return self.lm(self.step_rows(cache, tokens[:, None], cache.length)[:, -1])
-
-        return first, step
+        return self.lm(self._prefix_run(ids, cache, store=False)[:, -1]), step

@@ -28,11 +28,11 @@ from folnet.arch.domain import Domain, visibility
 from folnet.arch.inputs import check_ids, check_labels, check_mask, values_checked
 from folnet.arch.kinds import register_kind
 from folnet.arch.models.cache import GenerationCache
-from folnet.arch.models.text import TextModel
+from folnet.arch.models.text import FACTS, Session, TextModel
 from folnet.arch.objectives import seq2seq_loss, shift_right
-from folnet.arch.outputs import TextOutput
+from folnet.arch.outputs import TextOutput, recorded
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import make_layers, run_stack
+from folnet.arch.stack import Record, make_layers, run_stack
 from folnet.errors import FolnetError
 
 
@@ -60,9 +60,11 @@ class FolnetEncoderDecoder(TextModel):
     def decoder_stack(self):
         return self.decoder_atoms, self.decoder_layers
 
-    def encode(self, input_ids: torch.Tensor, pad: torch.Tensor | None = None
+    def encode(self, input_ids: torch.Tensor, pad: torch.Tensor | None = None,
+               record: Record | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The encoder's final atoms (B, N, D1), (B, N, N, D2) and its positions (B|1, N)."""
+        """The encoder's final atoms (B, N, D1), (B, N, N, D2) (the decoder's cross context
+        reads both) and its positions (B|1, N)."""
         N = input_ids.shape[1]
         types = torch.zeros_like(input_ids)
         positions = token_positions(pad, N, input_ids.device)
@@ -70,7 +72,7 @@ class FolnetEncoderDecoder(TextModel):
                if self.cfg.relative_ids else None)  # (B, N, N)
         u1, u2 = run_stack(self.encoder_atoms, self.encoder_layers, input_ids, types,
                            Domain(n=N, pad=pad), positions, rel,
-                           checkpointing=self.checkpointing)
+                           checkpointing=self.checkpointing, record=record)
         return u1, u2, positions
 
     def _domain(self, enc_positions: torch.Tensor, M: int, pad: torch.Tensor | None):
@@ -99,7 +101,8 @@ class FolnetEncoderDecoder(TextModel):
             hooks.append(context)
         return hooks
 
-    def _decode(self, enc, dec_ids: torch.Tensor, pad: torch.Tensor | None):
+    def _decode(self, enc, dec_ids: torch.Tensor, pad: torch.Tensor | None, *,
+                relations: bool = False, record: Record | None = None):
         """Decoder rows for dec_ids (B, M) after the N encoder rows, without a cache."""
         e1, e2, enc_positions = enc
         N, M = e1.shape[1], dec_ids.shape[1]
@@ -108,24 +111,29 @@ class FolnetEncoderDecoder(TextModel):
                         rows=torch.arange(N, N + M, device=dec_ids.device))
         return run_stack(self.decoder_atoms, self.decoder_layers, dec_ids, None, domain,
                          atoms[:, N:], None if rel is None else rel[:, N:],
-                         contexts=self._contexts(e1, e2, M), checkpointing=self.checkpointing)
+                         relations=relations, contexts=self._contexts(e1, e2, M),
+                         checkpointing=self.checkpointing, record=record)
 
     @staticmethod
-    def _domain_pad(enc_pad, dec_pad, B, M, ids):
+    def _domain_pad(enc_pad, dec_pad, B: int, N: int, M: int, device: torch.device):
         """The padding mask of the domain (B, N + M), or None when nothing is padded."""
         if enc_pad is None and dec_pad is None:
             return None
-        ones = ids.new_ones(B, ids.shape[1] + M, dtype=torch.bool)
-        parts = [enc_pad if enc_pad is not None else ones[:, : ids.shape[1]],
+        ones = torch.ones(B, N + M, dtype=torch.bool, device=device)
+        parts = [enc_pad if enc_pad is not None else ones[:, :N],
                  dec_pad if dec_pad is not None else ones[:, :M]]
         return torch.cat(parts, dim=1)
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                decoder_attention_mask: torch.Tensor | None = None) -> TextOutput:
+                decoder_attention_mask: torch.Tensor | None = None, *,
+                output_relations: bool | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TextOutput:
         """input_ids (B, N), decoder_input_ids (B, M) -> logits (B, M, V) for the token after
         each decoder position. ``labels`` (B, M) are the targets themselves (-100 ignored);
-        without decoder_input_ids they are shifted right behind ``decoder_start_token_id``."""
+        without decoder_input_ids they are shifted right behind ``decoder_start_token_id``.
+        ``output_relations`` (the decoder's final binary stream), ``output_hidden_states``,
+        ``output_attentions``: as the encoder's, for both stacks."""
         values = isinstance(input_ids, torch.Tensor) and values_checked(input_ids, self.validate)
         ids = check_ids(self.cfg, input_ids, values=values)
         if decoder_input_ids is None:
@@ -142,12 +150,46 @@ class FolnetEncoderDecoder(TextModel):
         enc_pad = check_mask(attention_mask, ids, values=values)
         dec_pad = check_mask(decoder_attention_mask, dec, "decoder_attention_mask",
                              "decoder_input_ids", values=values)
-        enc = self.encode(ids, enc_pad)
-        u1, u2 = self._decode(enc, dec, self._domain_pad(enc_pad, dec_pad, *dec.shape, ids))
+        enc_record = Record.asked(output_hidden_states, True, output_attentions)
+        enc = self.encode(ids, enc_pad, enc_record)
+        out = self._decoded(enc, enc_pad, dec, dec_pad, labels, output_relations,
+                            output_hidden_states, output_attentions)
+        for name, value in recorded(enc_record, "encoder_").items():
+            setattr(out, name, value)
+        return out
+
+    def decode(self, encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+               decoder_input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+               decoder_attention_mask: torch.Tensor | None = None,
+               output_relations: bool | None = None, output_hidden_states: bool = False,
+               output_attentions: bool = False) -> TextOutput:
+        """The decoder over inputs already encoded (`encode`'s atoms and positions; their
+        padding ``attention_mask`` (B, N)), without a cache: what transformers' generate runs
+        at each step with ``use_cache=False``."""
+        e1 = encoded[0]
+        dec = check_ids(self.cfg, decoder_input_ids, "decoder_input_ids")
+        if dec.shape[0] != e1.shape[0]:
+            raise FolnetError(f"decoder_input_ids have {dec.shape[0]} rows but the encoded "
+                              f"inputs have {e1.shape[0]}")
+        shape = torch.empty(e1.shape[:2], dtype=torch.long, device=e1.device)
+        enc_pad = check_mask(attention_mask, shape)
+        dec_pad = check_mask(decoder_attention_mask, dec, "decoder_attention_mask",
+                             "decoder_input_ids")
+        return self._decoded(encoded, enc_pad, dec, dec_pad, None, output_relations,
+                             output_hidden_states, output_attentions)
+
+    def _decoded(self, enc, enc_pad, dec, dec_pad, labels, output_relations,
+                 output_hidden_states, output_attentions) -> TextOutput:
+        relations = self.relations if output_relations is None else bool(output_relations)
+        record = Record.asked(output_hidden_states, relations, output_attentions)
+        pad = self._domain_pad(enc_pad, dec_pad, dec.shape[0], enc[0].shape[1], dec.shape[1],
+                               dec.device)
+        u1, u2 = self._decode(enc, dec, pad, relations=relations, record=record)
         logits = self.lm(u1)  # (B, M, V)
         loss = None if labels is None else seq2seq_loss(logits, labels)
         return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss,
-                          encoder_sequence_output=enc[0], encoder_relation_output=enc[1])
+                          encoder_sequence_output=enc[0], encoder_relation_output=enc[1],
+                          **recorded(record))
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
@@ -173,13 +215,19 @@ class FolnetEncoderDecoder(TextModel):
         enc_pad = check_mask(attention_mask, ids)
         start = torch.full((B, 1), start_id, dtype=ids.dtype, device=ids.device)
         if use_cache:
-            first, step = self._cached(ids, enc_pad, start, max_new_tokens)
+            first, session = self.begin(ids, enc_pad, start,
+                                        capacity=ids.shape[1] + 1 + max_new_tokens)
+            first = first[:, -1]
+
+            def step(tokens):
+                return session.step(tokens[:, None])[:, -1]
         else:
             seq = [start]
 
             def logits_now():
                 dec = torch.cat(seq, dim=1)
-                pad = self._domain_pad(enc_pad, None, B, dec.shape[1], ids)
+                pad = self._domain_pad(enc_pad, None, B, ids.shape[1], dec.shape[1],
+                                       ids.device)
                 return self.lm(self._decode(self.encode(ids, enc_pad), dec, pad)[0][:, -1])
 
             def step(tokens):
@@ -192,20 +240,33 @@ class FolnetEncoderDecoder(TextModel):
                            generator=generator, eos_token_id=eos_token_id,
                            pad_token_id=pad_token_id)
 
-    def _cached(self, ids, enc_pad, start, max_new_tokens):
-        B, N = ids.shape
-        cap = N + 1 + max_new_tokens
-        e1, e2, enc_positions = self.encode(ids, enc_pad)
-        pad = self._domain_pad(enc_pad, None, B, cap - N, ids)
-        domain, atoms, rel = self._domain(enc_positions, cap - N, pad)
-        cache = GenerationCache(self.decoder_layers, batch=B, capacity=cap,
-                                visible=domain.visible, pad=pad, positions=atoms, rel_ids=rel,
-                                dtype=e1.dtype, device=ids.device)
+    def _facts(self, capacity: int, rows: dict) -> tuple:
+        """The decoder domain's facts for ``capacity`` positions (the N inputs, then targets)
+        from the encoder's padding and positions."""
+        enc_pad, enc_positions = rows["enc_pad"], rows["enc_positions"]
+        M = capacity - enc_positions.shape[1]
+        pad = None if enc_pad is None else torch.cat(
+            [enc_pad, enc_pad.new_ones(enc_pad.shape[0], M)], dim=1)  # (B, capacity)
+        domain, atoms, rel = self._domain(enc_positions, M, pad)
+        return domain.visible, pad, atoms, rel
+
+    def begin(self, ids: torch.Tensor | None, enc_pad: torch.Tensor | None,
+              start: torch.Tensor, *, capacity: int | None = None,
+              encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+              record: Record | None = None) -> tuple[torch.Tensor, Session]:
+        """Start a cached generation: encode ``ids`` (B, N) (checked inputs; or take the
+        ``encoded`` atoms and positions of `encode`), store every decoder layer's cross context
+        for the N input positions, run the decoder rows ``start`` (B, M0) (the decoder start
+        token). Returns their next-token logits (B, M0, V) and the `Session` that continues
+        the generation (``capacity``: N + M0 by default, doubled when full)."""
+        e1, e2, enc_positions = encoded if encoded is not None else self.encode(ids, enc_pad)
+        B, N = e1.shape[:2]
+        rows = {"enc_pad": enc_pad, "enc_positions": enc_positions}
+        capacity = max(capacity or 0, N + start.shape[1])
+        cache = GenerationCache(self.decoder_layers, batch=B, capacity=capacity,
+                                **dict(zip(FACTS, self._facts(capacity, rows), strict=True)),
+                                dtype=e1.dtype, device=e1.device)
         for i, layer in enumerate(self.decoder_layers):
             cache.write(i, 0, *layer.cross_context(e1, e2))
-        first = self.lm(self.step_rows(cache, start, N)[:, -1])
-
-        def step(tokens):
-            return self.lm(self.step_rows(cache, tokens[:, None], cache.length)[:, -1])
-
-        return first, step
+        first = self.lm(self.step_rows(cache, start, N, record))
+        return first, Session(self, cache, self._facts, rows)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from folnet.arch.atoms import relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
@@ -15,9 +16,9 @@ from folnet.arch.heads import Targets
 from folnet.arch.inputs import check_ids, check_mask, check_token_types, values_checked
 from folnet.arch.kinds import register_kind
 from folnet.arch.models.base import FolnetBase
-from folnet.arch.outputs import FolnetOutput
+from folnet.arch.outputs import FolnetOutput, recorded
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Stack
+from folnet.arch.stack import Record, Stack
 from folnet.errors import FolnetError
 
 
@@ -31,10 +32,10 @@ class FolnetModel(FolnetBase):
         self.encoder = Stack(cfg, self.plan)
         self.add_head(self.encoder.atoms.embedding)
         self.gather_mlm = False  # training sets it: logits only at predicted positions
-        # whether forward computes relation_output (the final binary stream); no built-in
-        # head reads it, so the training loops turn it off and the last layer skips its
-        # binary-stream updates
-        self.relations = True
+        # whether forward computes relation_output (the final binary stream) when the call
+        # does not say (``output_relations``): no built-in head reads it, so by default the
+        # last layer skips its binary-stream updates
+        self.relations = False
         self.reset_parameters()
 
     def word_embedding(self):
@@ -45,10 +46,15 @@ class FolnetModel(FolnetBase):
                 labels: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None,
                 nsp_labels: torch.Tensor | None = None,
                 start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> FolnetOutput:
+                end_positions: torch.Tensor | None = None, output_relations: bool | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False
+                ) -> FolnetOutput:
         """input_ids (B, T) [(B, C, T) for multiple choice] -> `FolnetOutput`.
         ``attention_mask`` (B, T) removes pad tokens from every reduction over tokens; without
-        it the outputs are the released code's."""
+        it the outputs are the released code's. ``output_relations`` computes the final binary
+        stream (``relation_output``; default: the model's ``relations``);
+        ``output_hidden_states`` and ``output_attentions`` return the per-layer states and the
+        softmax operators' activated kernels (`folnet.arch.stack.Record`)."""
         choices = self.head_spec is not None and self.head_spec.multiple_choice
         shape = None
         if choices:
@@ -71,12 +77,18 @@ class FolnetModel(FolnetBase):
         rel = (relative_position_ids(types, self.cfg.delta, positions)
                if self.cfg.relative_ids else None)  # (B, T, T)
         domain = Domain(n=T, pad=pad, rel_ids=rel if self.cfg.position == "rpe*" else None)
-        seq, rel_out = self.encoder(ids, types, domain, positions, rel, relations=self.relations)
+        relations = self.relations if output_relations is None else bool(output_relations)
+        record = Record.asked(output_hidden_states, relations, output_attentions)
+        seq, rel_out = self.encoder(ids, types, domain, positions, rel, relations=relations,
+                                    record=record)
         pooled = self.encoder.pool(seq)
+        extra = recorded(record)
         if shape is not None:  # (B*C, ...) -> (B, C, ...)
             seq, pooled, rel_out = (None if t is None else t.unflatten(0, shape)
                                     for t in (seq, pooled, rel_out))
-        out = FolnetOutput(sequence_output=seq, pooled_output=pooled, relation_output=rel_out)
+            extra = pytree.tree_map(lambda t: t.unflatten(0, shape), extra)
+        out = FolnetOutput(sequence_output=seq, pooled_output=pooled, relation_output=rel_out,
+                           **extra)
         if self.head_spec is not None:
             losses = self.head_spec.forward(self, out, Targets(
                 labels=labels, mlm_labels=mlm_labels, nsp_labels=nsp_labels,

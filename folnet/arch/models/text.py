@@ -3,6 +3,7 @@ a causal domain, cached-row stepping and the decoding loop around it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -14,8 +15,49 @@ from folnet.arch.config import ModelConfig
 from folnet.arch.models.base import FolnetBase
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import run_stack
+from folnet.arch.stack import Record, run_stack
 from folnet.errors import FolnetError
+
+#: ``facts(capacity, rows)`` -> the domain's (visible, pad, positions, rel_ids) for
+#: ``capacity`` positions, from the per-row inputs ``rows`` (a generation's prompt padding,
+#: prefix lengths, encoder positions...).
+FACTS = ("visible", "pad", "positions", "rel_ids")  # what a Facts function returns, in order
+Facts = Callable[[int, dict[str, torch.Tensor | None]],
+                 tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]]
+
+
+class Session:
+    """A generation in progress: the incremental cache (`GenerationCache`), the per-row inputs
+    its domain facts come from, and how to make those facts for a larger capacity.
+
+    Made by a model's ``begin`` (which also returns the logits of the first rows).
+    ``step(tokens)`` appends tokens (B, k) to every row and returns their next-token logits
+    (B, k, V), each new token costing one row per layer; the cache doubles when full, so a
+    caller need not know the final length (transformers' generate does not say).
+    ``reorder(index)`` keeps the batch rows ``index`` in that order (beam search)."""
+
+    def __init__(self, model: TextModel, cache: GenerationCache, facts: Facts,
+                 rows: dict[str, torch.Tensor | None]):
+        self.model, self.cache, self.facts, self.rows = model, cache, facts, rows
+
+    @property
+    def length(self) -> int:
+        """Positions of the domain so far (an encoder-decoder's inputs included)."""
+        return self.cache.length
+
+    def step(self, tokens: torch.Tensor, record: Record | None = None) -> torch.Tensor:
+        n = self.cache.length + tokens.shape[1]
+        if n > self.cache.capacity:
+            capacity = max(n, 2 * self.cache.capacity)
+            self.cache.grow(capacity, *self.facts(capacity, self.rows))
+        return self.model.lm(self.model.step_rows(self.cache, tokens, self.cache.length,
+                                                  record))
+
+    def reorder(self, index: torch.Tensor) -> None:
+        batch = self.cache.batch
+        self.rows = {k: v if v is None or v.shape[0] != batch else v.index_select(0, index)
+                     for k, v in self.rows.items()}
+        self.cache.reorder(index)
 
 
 class TextModel(FolnetBase):
@@ -33,6 +75,9 @@ class TextModel(FolnetBase):
             raise FolnetError(f"position 'rpe*' is not supported by {cfg.kind}s; use 'rpe', "
                               f"'ape', 'ape+rpe' or 'none'")
         super().__init__(cfg, head, cfg.vocab_size, plan=plan)
+        # compute relation_output (the final binary stream) when a call does not say: off, as
+        # the encoder's (`folnet.arch.models.encoder.FolnetModel`)
+        self.relations = False
 
     def rel_ids(self, positions: torch.Tensor, source: int = 0) -> torch.Tensor | None:
         """Clipped relative-distance ids (B|1, n, n) of a causal domain at ``positions``
@@ -46,16 +91,17 @@ class TextModel(FolnetBase):
             types[:, source:] = 1
         return relative_position_ids(types, self.cfg.delta, positions)
 
-    def step_rows(self, cache: GenerationCache, tokens: torch.Tensor, start: int
-                  ) -> torch.Tensor:
+    def step_rows(self, cache: GenerationCache, tokens: torch.Tensor, start: int,
+                  record: Record | None = None) -> torch.Tensor:
         """Run new decoder rows (B, Q) at domain positions ``start..`` through every layer,
-        storing their context channels in the cache; returns their final unary atoms."""
+        storing their context channels in the cache; returns their final unary atoms (and
+        fills ``record``, `folnet.arch.stack.Record`, for those rows)."""
         n = start + tokens.shape[1]
         positions, rel = cache.atoms_at(start, n)
         atoms, layers = self.decoder_stack()
         hooks = [cache.hook(i, start, read=True) for i in range(len(layers))]
         u1, _ = run_stack(atoms, layers, tokens, None, cache.domain(n, start), positions, rel,
-                          contexts=hooks)  # (B, Q, D1)
+                          relations=False, contexts=hooks, record=record)  # (B, Q, D1)
         cache.length = n
         return u1
 

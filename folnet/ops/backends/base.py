@@ -124,7 +124,22 @@ def activate(spec: OperatorSpec, kernel: torch.Tensor, kidx: tuple[str, ...], *,
     return dropout(kernel, dropout_p, True) if dropout_p > 0.0 else kernel
 
 
+def activated_kernel(spec: OperatorSpec, kernel: Operand, pad: torch.Tensor | None, *,
+                     order: masks.Visibility | None, dropout_p: float = 0.0,
+                     premasked: bool = False) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """The kernel, materialised, masked and activated (`activate`), and its index letters: the
+    spec's, with the query letter prepended when a causal kernel lacks it (its normalisation
+    then differs per query token, so it is broadcast over them)."""
+    K = kernel.laid_out(spec.kernel)
+    kidx = masks.expanded_kernel(spec, order is not None)
+    if kidx != spec.kernel:  # (B, *k) -> (B, q, *k)
+        ntok = K.shape[1 + spec.kernel.index(spec.rdim)]
+        K = K.unsqueeze(1).expand(K.shape[0], query_rows(order, ntok), *K.shape[1:])
+    return activate(spec, K, kidx, order=order, pad=pad, dropout_p=dropout_p,
+                    premasked=premasked), kidx
+
+
 def query_rows(order: masks.Visibility, ntok: int) -> int:
     """How many query positions a call has: its rows, or the whole domain."""
-    return ntok if order.rows is None else int(order.rows.numel())
+    return ntok if order.rows is None else order.rows.shape[0]  # (symbolic while traced)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 
 import opt_einsum
+import torch
 
 from folnet.ops import masks
-from folnet.ops.backends.base import Backend, activate, query_rows
+from folnet.ops.backends.base import Backend, activated_kernel
 
 
 @functools.lru_cache(maxsize=1024)
@@ -27,18 +28,15 @@ class EinsumBackend(Backend):
 
     def run(self, op, kernel, premise, pad, *, order, dropout_p, premasked=frozenset()):
         spec = op.spec
-        K = kernel.laid_out(spec.kernel)
         v = premise.laid_out(spec.premise)
-        kidx = masks.expanded_kernel(spec, order is not None)
-        if kidx != spec.kernel:  # (B, *k) -> (B, q, *k): causal normalisation per query token
-            ntok = K.shape[1 + spec.kernel.index(spec.rdim)]
-            K = K.unsqueeze(1).expand(K.shape[0], query_rows(order, ntok), *K.shape[1:])
-        K = activate(spec, K, kidx, order=order, pad=pad, dropout_p=dropout_p,
-                     premasked="kernel" in premasked)
+        K, kidx = activated_kernel(spec, kernel, pad, order=order, dropout_p=dropout_p,
+                                   premasked="kernel" in premasked)
         pkeep = masks.premise_keep(spec, spec.premise, order=order,
                                    premasked="premise" in premasked)
         if pkeep is not None:
             v = v * pkeep
         k, p, o = ("".join(t) for t in (kidx, spec.premise, spec.output))
-        expr = _expression(f"b{k},b{p}->b{o}", (tuple(K.shape), tuple(v.shape)))
-        return expr(K, v, backend="torch")
+        equation = f"b{k},b{p}->b{o}"
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return torch.einsum(equation, K, v)  # symbolic shapes: no cache keyed by them
+        return _expression(equation, (tuple(K.shape), tuple(v.shape)))(K, v, backend="torch")
