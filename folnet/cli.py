@@ -29,7 +29,7 @@ __all__ = ["EXTRAS", "Command", "DefaultsFormatter", "build_parser", "main",
 #: distribution names are the same for all of them). A test keeps this equal to pyproject.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("datasets", "matplotlib", "tokenizers", "tqdm", "zstandard"),
-    "hf": ("accelerate", "transformers"),
+    "hf": ("accelerate", "peft", "transformers"),
     "gpu": ("xformers",),
 }
 

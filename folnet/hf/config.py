@@ -25,7 +25,7 @@ class FolnetConfig(PreTrainedConfig):
 
     model: dict | None = None  # folnet.ModelConfig.to_dict(); None: ops on the preset
     ops: str | None = None  # operator string (with ``preset`` when ``model`` is None)
-    preset: str = "base"
+    preset: str | None = None  # the size preset ``model`` was made from, when it was
     kind: str = "encoder"
     head: str | None = None  # the head of the saved model
     format: str = "folnet"
@@ -36,13 +36,25 @@ class FolnetConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs: Any) -> None:
         if self.model is None:
             overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in OVERRIDES}
+            self.preset = self.preset or "base"
             self.model = make_config(self.ops or "jmc.atp", preset_name=self.preset,
                                      kind=self.kind, overrides=overrides).to_dict()
         self.ops = self.model.get("ops", self.ops)
         self.kind = self.model.get("kind", self.kind)
         if self.kind != "encoder":  # a text model's "num_labels" is its vocabulary
             kwargs.pop("num_labels", None)
+        if self.kind == "encoder-decoder":  # what generate reads; 0 starts the native decoder
+            kwargs.setdefault("is_encoder_decoder", True)
+            kwargs.setdefault("decoder_start_token_id", 0)
         super().__post_init__(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' dict, without a preset when the model was not made from one (a saved
+        folnet model's config carries its sizes, not the preset it may have started from)."""
+        data = super().to_dict()
+        if data.get("preset") is None:
+            data.pop("preset", None)
+        return data
 
     @classmethod
     def from_folnet(cls, cfg: ModelConfig, head: str | None = None, num_labels: int = 2,

@@ -43,7 +43,6 @@ class FolnetPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     kind: ClassVar[str] = "encoder"
     head: ClassVar[str | None] = None
-    relations: ClassVar[bool] = False  # does any output read the final binary stream?
 
     def __init__(self, config: FolnetConfig):
         super().__init__(config)
@@ -52,7 +51,6 @@ class FolnetPreTrainedModel(PreTrainedModel):
             raise FolnetError(f"{type(self).__name__} is a {self.kind!r} model, the config "
                               f"describes a {cfg.kind!r} one")
         native = model_from_config(cfg, head=self.head, num_labels=config.num_labels)
-        native.relations = self.relations
         for name, child in native.named_children():  # adopted: the native keys, shared
             self.add_module(name, child)
         object.__setattr__(self, "native", native)  # not a submodule: no second key
@@ -63,12 +61,14 @@ class FolnetPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args: Any, **kwargs: Any):
         """transformers' loading, then every weight copied out of the file mapping: safetensors
         offsets leave mapped tensors unaligned, and the CPU matrix kernels then take other code
-        paths that round differently (measured: ~1e-7 off the native model's outputs)."""
-        model = super().from_pretrained(*args, **kwargs)
+        paths that round differently (measured: ~1e-7 off the native model's outputs). With
+        ``output_loading_info=True`` the answer is (model, info), as transformers gives it."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
         with torch.no_grad():
             for tensor in (*model.parameters(), *model.buffers()):
                 tensor.data = tensor.data.clone()
-        return model
+        return loaded
 
     def train(self, mode: bool = True) -> FolnetPreTrainedModel:
         super().train(mode)
@@ -87,6 +87,37 @@ class FolnetPreTrainedModel(PreTrainedModel):
     def get_input_embeddings(self) -> nn.Module:
         return self.native.word_embedding()
 
+    def get_output_embeddings(self) -> nn.Module | None:
+        """The LM/MLM head's decoder: the word embedding itself (tied by construction, so
+        ``get_output_embeddings().weight is get_input_embeddings().weight``); None for heads
+        that do not predict tokens."""
+        tied = self.native.head in ("mlm", "pretraining", "lm")
+        return self.native.word_embedding() if tied else None
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None,
+                                pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """Grow or shrink the vocabulary to ``new_num_tokens`` (the word embedding, its tied
+        heads and the config; `folnet.arch.vocab`); new rows as transformers initialises them
+        (``mean_resizing``). The embedding keeps folnet's padding (rows rounded up to a
+        multiple of 8), so ``pad_to_multiple_of`` is refused."""
+        if pad_to_multiple_of is not None:
+            raise FolnetError(f"pad_to_multiple_of={pad_to_multiple_of!r}: a folnet vocabulary "
+                              f"is always padded to a multiple of 8 rows; leave it None")
+        if new_num_tokens is None:
+            return self.get_input_embeddings()
+        embedding = self.native.resize_token_embeddings(new_num_tokens,
+                                                        mean_resizing=mean_resizing)
+        self.config.model = self.native.cfg.to_dict()
+        if self.native.head == "lm":
+            self.config.num_labels = new_num_tokens
+        return embedding
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        """Whether the layers are recomputed in the backward pass (folnet's own flag)."""
+        return bool(self.native.checkpointing)
+
     def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
         self.native.set_activation_checkpointing(True)
 
@@ -96,18 +127,37 @@ class FolnetPreTrainedModel(PreTrainedModel):
     gradient_checkpointing_enable = activation_checkpointing_enable
     gradient_checkpointing_disable = activation_checkpointing_disable
 
-    def _encoder_forward(self, input_ids, attention_mask, token_type_ids, **labels):
+    def _asked(self, output_attentions: bool | None, output_hidden_states: bool | None,
+               output_relations: bool | None) -> dict[str, Any]:
+        """What a call asks the native model to return; None: the config's setting."""
+        def pick(value: bool | None, name: str) -> bool:
+            return bool(getattr(self.config, name, False) if value is None else value)
+
+        return {"output_attentions": pick(output_attentions, "output_attentions"),
+                "output_hidden_states": pick(output_hidden_states, "output_hidden_states"),
+                "output_relations": output_relations}
+
+    def _encoder_forward(self, input_ids, attention_mask, token_type_ids, *,
+                         output_attentions=None, output_hidden_states=None,
+                         output_relations=None, **labels):
         return self.native(input_ids, token_type_ids=token_type_ids,
-                           attention_mask=attention_mask, **labels)
+                           attention_mask=attention_mask, **labels,
+                           **self._asked(output_attentions, output_hidden_states,
+                                         output_relations))
 
 
 @dataclass
 class FolnetModelOutput(ModelOutput):
-    """The bare encoder's outputs: final unary atoms, pooled token 0, final binary atoms."""
+    """The bare encoder's outputs: final unary atoms, pooled token 0, final binary atoms (with
+    ``output_relations=True``), and on request the per-layer states and the softmax operators'
+    activated kernels (`folnet.arch.stack.Record`)."""
 
     last_hidden_state: torch.Tensor | None = None  # (B, T, D1)
     pooler_output: torch.Tensor | None = None  # (B, D1)
     relation_output: torch.Tensor | None = None  # (B, T, T, D2)
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 of (B, T, D1)
+    attentions: tuple[dict[str, torch.Tensor], ...] | None = None  # per layer, by operator
+    relation_states: tuple[torch.Tensor, ...] | None = None  # L + 1 of (B, T, T, D2)
 
 
 @dataclass
@@ -115,6 +165,13 @@ class FolnetForPreTrainingOutput(ModelOutput):
     loss: torch.Tensor | None = None
     prediction_logits: torch.Tensor | None = None  # (B, T, V)
     seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[dict[str, torch.Tensor], ...] | None = None
+
+
+def states(out: Any) -> dict[str, Any]:
+    """The per-layer fields of a native output, as transformers' outputs name them."""
+    return {"hidden_states": out.hidden_states, "attentions": out.attentions}
 
 
 def as_returned(output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
@@ -124,15 +181,20 @@ def as_returned(output: ModelOutput, return_dict: bool | None) -> ModelOutput | 
 
 
 class FolnetModel(FolnetPreTrainedModel):
-    """The bare encoder (``AutoModel``)."""
-
-    relations = True
+    """The bare encoder (``AutoModel``); ``output_relations=True`` adds the final binary
+    stream (and, with ``output_hidden_states``, the binary stream after every layer)."""
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
-                return_dict: bool | None = None, **kwargs: Any):
-        out = self._encoder_forward(input_ids, attention_mask, token_type_ids)
-        return as_returned(FolnetModelOutput(out.sequence_output, out.pooled_output,
-                                           out.relation_output), return_dict)
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                output_relations: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Any):
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states,
+                                    output_relations=output_relations)
+        return as_returned(FolnetModelOutput(
+            out.sequence_output, out.pooled_output, out.relation_output, out.hidden_states,
+            out.attentions, out.relation_states), return_dict)
 
 
 class FolnetForPreTraining(FolnetPreTrainedModel):
@@ -141,11 +203,15 @@ class FolnetForPreTraining(FolnetPreTrainedModel):
     head = "pretraining"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
-                next_sentence_label=None, return_dict: bool | None = None, **kwargs: Any):
+                next_sentence_label=None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
-                                    mlm_labels=labels, nsp_labels=next_sentence_label)
-        return as_returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits),
-                         return_dict)
+                                    mlm_labels=labels, nsp_labels=next_sentence_label,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
+        return as_returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits,
+                                                      **states(out)), return_dict)
 
 
 class FolnetForMaskedLM(FolnetPreTrainedModel):
@@ -155,10 +221,13 @@ class FolnetForMaskedLM(FolnetPreTrainedModel):
     head = "mlm"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
-                                    mlm_labels=labels)
-        return as_returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits), return_dict)
+                                    mlm_labels=labels, output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
+        return as_returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits, **states(out)),
+                           return_dict)
 
 
 class FolnetForSequenceClassification(FolnetPreTrainedModel):
@@ -167,9 +236,13 @@ class FolnetForSequenceClassification(FolnetPreTrainedModel):
     head = "classification"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
-        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
-        return as_returned(SequenceClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
+        return as_returned(SequenceClassifierOutput(loss=out.loss, logits=out.logits,
+                                                    **states(out)), return_dict)
 
 
 class FolnetForMultipleChoice(FolnetPreTrainedModel):
@@ -178,10 +251,13 @@ class FolnetForMultipleChoice(FolnetPreTrainedModel):
     head = "multiple-choice"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
-        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
-        return as_returned(MultipleChoiceModelOutput(loss=out.loss, logits=out.logits),
-                         return_dict)
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
+        return as_returned(MultipleChoiceModelOutput(loss=out.loss, logits=out.logits,
+                                                     **states(out)), return_dict)
 
 
 class FolnetForQuestionAnswering(FolnetPreTrainedModel):
@@ -190,12 +266,16 @@ class FolnetForQuestionAnswering(FolnetPreTrainedModel):
     head = "qa"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
-                start_positions=None, end_positions=None, return_dict: bool | None = None,
+                start_positions=None, end_positions=None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
                 **kwargs: Any):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
-                                    start_positions=start_positions, end_positions=end_positions)
+                                    start_positions=start_positions, end_positions=end_positions,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
         return as_returned(QuestionAnsweringModelOutput(
-            loss=out.loss, start_logits=out.start_logits, end_logits=out.end_logits), return_dict)
+            loss=out.loss, start_logits=out.start_logits, end_logits=out.end_logits,
+            **states(out)), return_dict)
 
 
 class FolnetForTokenClassification(FolnetPreTrainedModel):
@@ -204,6 +284,10 @@ class FolnetForTokenClassification(FolnetPreTrainedModel):
     head = "token-classification"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
-        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels)
-        return as_returned(TokenClassifierOutput(loss=out.loss, logits=out.logits), return_dict)
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
+        return as_returned(TokenClassifierOutput(loss=out.loss, logits=out.logits,
+                                                 **states(out)), return_dict)
