@@ -91,7 +91,7 @@ def test_absolute_positions_have_a_limit_rpe_does_not():
     with pytest.raises(folnet.FolnetError, match=r"520 tokens but the absolute-position table "
                                                  r"has max_positions = 512 rows"):
         tiny("j.a", position="ape")(ids)
-    out = tiny("j.a", position="rpe")(ids)
+    out = tiny("j.a", position="rpe")(ids, output_relations=True)
     assert out.relation_output.shape == (1, 520, 520, 16)
 
 
@@ -123,6 +123,7 @@ def test_padding_mask_equals_truncated_sequences():
     mask[0, 8:] = 0
     padded = ids.clone()
     padded[0, 8:] = 0
+    model.relations = True  # relation_output is compared too
     with torch.no_grad():
         full = model(padded, types, attention_mask=mask)
         short = model(padded[:1, :8], types[:1, :8])
@@ -140,7 +141,8 @@ def test_gradients_reach_every_parameter():
     ids, types = batch()
     labels = torch.full_like(ids, -100)
     labels[:, 3] = ids[:, 3]
-    out = model(ids, types, mlm_labels=labels, nsp_labels=torch.tensor([0, 1]))
+    out = model(ids, types, mlm_labels=labels, nsp_labels=torch.tensor([0, 1]),
+                output_relations=True)
     # The last layer's binary branch reaches only relation_output (the pretraining losses read
     # the unary atoms, as in the paper), so the check includes a term on it.
     (out.loss + out.relation_output.pow(2).mean()).backward()

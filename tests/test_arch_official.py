@@ -27,7 +27,7 @@ def reference():
 
 def _check(model, reference):
     with torch.no_grad():
-        out = model(reference["input_ids"], reference["token_type_ids"])
+        out = model(reference["input_ids"], reference["token_type_ids"], output_relations=True)
     for name, got in (("sequence_output", out.sequence_output),
                       ("pooled_output", out.pooled_output),
                       ("relation_output", out.relation_output),

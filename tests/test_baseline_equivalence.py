@@ -19,6 +19,7 @@ import folnet
 def test_baseline_matches_folnet():
     torch.manual_seed(0)
     model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=300).eval()
+    model.relations = True  # the baseline computes the final binary stream
     base = BaselineFolnet(model).eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 300, (2, 20), generator=g)

@@ -101,6 +101,7 @@ def test_blocked_kernel_dropout_gradient_is_the_forwards():
     torch.manual_seed(0)
     model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
                                dropout=0.0, attention_dropout=0.3).double().train()
+    model.relations = True  # the functional reads the final binary stream
     folnet.set_memory(model, "blocked", block_rows=4)
     batch = _batch("encoder")
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
@@ -146,6 +147,7 @@ def test_blocked_really_blocks(monkeypatch):
 
     monkeypatch.setattr(ffn_module, "blocked_binary_ffn", spy)
     model = folnet.build_model("jmc.atp", preset="tiny", vocab_size=V, dropout=0.0)
+    model.relations = True  # every layer's binary FFN runs
     x = torch.randint(1, V, (1, T))
     model(x)
     assert seen == []  # "auto" at T < AUTO_MIN_T: the full square
@@ -301,6 +303,7 @@ def test_ts_premise_gradient_goes_to_its_sink_on_the_fused_backend(monkeypatch):
     monkeypatch.setattr(fused, "sink_einsum", spy)
     model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
                                dropout=0.0).train()
+    model.relations = True  # every layer runs t
     folnet.set_memory(model, "blocked", block_rows=3)
     batch = _batch("encoder")
     model(**batch).loss.backward()

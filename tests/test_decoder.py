@@ -22,7 +22,9 @@ OPS = [("j.", True), ("c.", True), ("m.a", True), (".a", True), (".p", False), (
 def tiny(ops="jmc.atp", kind="decoder", seed=0, **kw):
     torch.manual_seed(seed)
     kw = {"vocab_size": V, "dropout": 0.0, **kw}
-    return folnet.build_model(ops, preset="tiny", kind=kind, **kw).eval()
+    model = folnet.build_model(ops, preset="tiny", kind=kind, **kw).eval()
+    model.relations = True  # these tests read the final binary rows
+    return model
 
 
 def ids(B=2, n=T, seed=0):

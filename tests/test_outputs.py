@@ -23,11 +23,10 @@ def _classifier_output(labels=True):
 
 def test_access_by_attribute_key_and_index_loss_first():
     out = _classifier_output()
-    assert list(out.keys()) == ["loss", "sequence_output", "pooled_output", "relation_output",
-                                "logits"]
+    assert list(out.keys()) == ["loss", "sequence_output", "pooled_output", "logits"]
     assert out[0] is out["loss"] is out.loss  # the loss is set last by the head, shown first
     assert out[-1] is out.logits and out[1:3] == (out.sequence_output, out.pooled_output)
-    assert out.to_tuple() == tuple(out.values()) and len(out.to_tuple()) == 5
+    assert out.to_tuple() == tuple(out.values()) and len(out.to_tuple()) == 4
     assert dict(out)["logits"] is out.logits and "mlm_logits" not in out
     with pytest.raises(KeyError):
         out["mlm_logits"]  # None fields are not in the dictionary view

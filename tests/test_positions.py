@@ -60,8 +60,8 @@ def test_ape_and_rpe_checkpoint_matches_the_reference(ape_rpe):
     assert model.cfg.position == "ape+rpe" and model.head == "pretraining"
     want = released_forward(sd, cfg, ids, types)
     with torch.no_grad():
-        out32 = model(ids, types)
-        out64 = model.double()(ids, types)
+        out32 = model(ids, types, output_relations=True)
+        out64 = model.double()(ids, types, output_relations=True)
     for name in FIELDS:
         assert_rel(getattr(out64, name), want[name], 1e-10, f"float64 {name}")
         assert_rel(getattr(out32, name), want[name], 1e-5, f"float32 {name}")

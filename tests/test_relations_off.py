@@ -1,5 +1,6 @@
-"""``model.relations = False``: the last layer skips its binary-stream updates, which no loss
-reads, so the loss and every gradient are exactly those of the full computation."""
+"""Without the final binary stream (the default: ``model.relations = False``, no
+``output_relations``) the last layer skips its binary-stream updates, which no loss reads, so
+the loss and every gradient are those of the full computation."""
 
 from __future__ import annotations
 
@@ -64,12 +65,16 @@ def test_same_loss_and_gradients_without_the_final_relations(ops, position, chec
     assert all(g_full[n] is None for n in g_full if n.startswith(last))  # unused either way
 
 
-def test_relations_on_by_default_and_off_for_multiple_choice():
+def test_relations_only_when_asked_for_multiple_choice_too():
+    """No head reads the final binary stream, so it is computed only when a call asks for it
+    (``output_relations=True``) or the model's ``relations`` is on."""
     torch.manual_seed(0)
     model = folnet.build_model("j.a", preset="tiny", head="multiple-choice", vocab_size=300)
-    assert model.relations
+    assert model.relations is False
     ids = torch.randint(5, 300, (2, 3, 10))
-    assert model(ids).relation_output.shape[:4] == (2, 3, 10, 10)
-    model.relations = False
     out = model(ids)
     assert out.relation_output is None and out.logits.shape == (2, 3)
+    assert model(ids, output_relations=True).relation_output.shape[:4] == (2, 3, 10, 10)
+    model.relations = True
+    assert model(ids).relation_output.shape[:4] == (2, 3, 10, 10)
+    assert model(ids, output_relations=False).relation_output is None
