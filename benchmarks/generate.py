@@ -2,6 +2,7 @@
 
     python benchmarks/generate.py                    # tiny and small, 64/256/512 new tokens
     python benchmarks/generate.py --presets tiny --lengths 64 --threads 1
+    python benchmarks/generate.py --hf --lengths 256 # native generate against transformers'
 
 Decoder-only FOLNet (``--ops``, default jmc.atp), float32, batch 1, a random prompt of 16
 tokens, greedy decoding, eval mode. *Cached*: one ``generate(use_cache=True)`` run (best of
@@ -11,6 +12,11 @@ one full forward at the current length. When a full run would exceed ``--budget`
 mean is estimated from single steps timed (best of two) at ``--samples`` evenly spaced lengths
 with Simpson's rule (exact for a step cost cubic in the length, as ``t``'s is), and the row says
 "sampled". Writes results/generate.json and prints a markdown table.
+
+``--hf`` compares instead folnet's own ``generate`` with transformers' ``GenerationMixin``
+driving the same weights through `folnet.hf.FolnetForCausalLM` (both cached, greedy), the two
+alternating ``--repeats`` times in one process; per-token time is the median run's, the ratio
+the median of the pairs' ratios. Writes results/generate_hf.json.
 """
 
 from __future__ import annotations
@@ -70,6 +76,28 @@ def case(model, prompt: torch.Tensor, new: int, *, budget: float, samples: int,
             "method": method}
 
 
+def compare_hf(model, prompt: torch.Tensor, new: int, repeats: int) -> dict:
+    """Native and transformers' generate on the same weights, alternating (see docstring)."""
+    from folnet.hf import FolnetConfig, FolnetForCausalLM
+
+    hf = FolnetForCausalLM(FolnetConfig.from_folnet(model.cfg, head="lm")).eval()
+    hf.load_state_dict(model.state_dict())
+    native = lambda: model.generate(prompt, new)  # noqa: E731
+    via_hf = lambda: hf.generate(prompt, max_new_tokens=new, min_new_tokens=new,  # noqa: E731
+                                 do_sample=False, pad_token_id=0)
+    if not torch.equal(native(), via_hf()):  # (also the warm-up)
+        raise RuntimeError("native and transformers' greedy tokens differ")
+    pairs = []
+    for i in range(repeats):
+        order = (native, via_hf) if i % 2 == 0 else (via_hf, native)
+        times = {fn: seconds(fn) / new for fn in order}
+        pairs.append((times[native], times[via_hf]))
+    ratios = sorted(h / n for n, h in pairs)
+    mid = sorted(pairs, key=lambda p: p[1] / p[0])[len(pairs) // 2]
+    return {"native_ms": 1e3 * mid[0], "hf_ms": 1e3 * mid[1],
+            "hf_over_native": ratios[len(ratios) // 2], "pairs": len(pairs)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
@@ -81,8 +109,12 @@ def main(argv=None) -> int:
                     help="seconds a full recomputed run may take before it is sampled instead")
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", default="results/generate.json")
+    ap.add_argument("--json", default=None,
+                    help="default results/generate.json (results/generate_hf.json with --hf)")
+    ap.add_argument("--hf", action="store_true",
+                    help="native generate against transformers' (see the docstring)")
     args = ap.parse_args(argv)
+    args.json = args.json or ("results/generate_hf.json" if args.hf else "results/generate.json")
     if args.samples < 3 or args.samples % 2 == 0:
         ap.error(f"--samples must be odd and >= 3 (Simpson's rule), got {args.samples}")
     if args.threads:
@@ -96,6 +128,14 @@ def main(argv=None) -> int:
         prompt = torch.randint(0, model.cfg.vocab_size, (1, args.prompt),
                                generator=torch.Generator().manual_seed(1))
         for new in args.lengths:
+            if args.hf:
+                row = {"preset": preset, "ops": args.ops, "new_tokens": new,
+                       **compare_hf(model, prompt, new, args.repeats)}
+                rows.append(row)
+                print(f"{preset:6s} {new:4d} tokens: native {row['native_ms']:.2f} ms/token, "
+                      f"transformers {row['hf_ms']:.2f} ms/token, ratio "
+                      f"{row['hf_over_native']:.3f}", flush=True)
+                continue
             row = {"preset": preset, "ops": args.ops, "new_tokens": new, "prompt": args.prompt,
                    **case(model, prompt, new, budget=args.budget, samples=args.samples,
                           repeats=args.repeats)}
@@ -106,6 +146,12 @@ def main(argv=None) -> int:
     write_json(args.json, {"machine": machine(), "dtype": "float32", "batch": 1,
                            "rows": rows})
     print()
+    if args.hf:
+        print(table(rows, [("preset", "preset", ""), ("new_tokens", "new tokens", "d"),
+                           ("native_ms", "native ms/token", ".2f"),
+                           ("hf_ms", "transformers ms/token", ".2f"),
+                           ("hf_over_native", "transformers / native", ".3f")]))
+        return 0
     print(table(rows, [("preset", "preset", ""), ("ops", "ops", ""),
                        ("new_tokens", "new tokens", "d"),
                        ("cached_ms", "cached ms/token", ".2f"),

@@ -60,7 +60,10 @@ def measure(case: dict) -> dict:
     torch.manual_seed(0)
     model = folnet.build_model(case["ops"], preset=case["preset"], head="pretraining",
                                vocab_size=case["vocab"]).train()
-    model.gather_mlm, model.relations = True, False  # as pretraining runs it
+    if not case.get("as_built"):
+        model.gather_mlm, model.relations = True, False  # as pretraining runs it
+    elif case.get("relations"):
+        model.relations = True  # the final binary stream asked for (the default before issue 27)
     if case["checkpointing"]:
         model.set_activation_checkpointing(True)
     if mode == "baseline":  # what the released code materialises, op by op
@@ -112,6 +115,11 @@ def main(argv=None) -> int:
                     help="longest T the baseline runs at (it materialises far more)")
     ap.add_argument("--block-rows", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--as-built", action="store_true",
+                    help="the model as a user builds it (MLM logits at every position, the "
+                         "final binary stream only if --relations), not as pretraining runs it")
+    ap.add_argument("--relations", action="store_true",
+                    help="with --as-built: model.relations = True (the final binary stream)")
     args = ap.parse_args(argv)
     if args.case:
         print(json.dumps(measure(json.loads(args.case))))
@@ -126,7 +134,8 @@ def main(argv=None) -> int:
                 case = {"ops": args.ops, "preset": args.preset, "seq_len": seq_len,
                         "batch": args.batch, "vocab": args.vocab, "mode": mode,
                         "block_rows": args.block_rows,
-                        "checkpointing": args.checkpointing == "on"}
+                        "checkpointing": args.checkpointing == "on",
+                        "as_built": args.as_built, "relations": args.relations}
                 got[mode].append(_run(case))
                 print(f"T {seq_len} {mode}: peak above steady "
                       f"{got[mode][-1]['peak_above_mb']:.0f} MiB, "
