@@ -95,7 +95,8 @@ def test_pretrain_compile_trains_and_says_it_is_slow_on_cpu(tmp_path, capsys, mo
     monkeypatch.setattr(torch.nn.Module, "compile",
                         lambda self, **kw: real_compile(self, backend="aot_eager"))
     out = tmp_path / "run"
-    rc = main(["pretrain", "--preset", "tiny", "--data", "kinship", "--kinship-documents", "40",
+    rc = main(["pretrain", "--preset", "tiny", "--model", "L=1",  # one layer: half the trace
+               "--data", "kinship", "--kinship-documents", "40",
                "--vocab-size", "200", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
                "--log-every", "1", "--no-progress", "--compile", "--optimizer", "adamw",
                "--out", str(out)])
