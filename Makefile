@@ -26,17 +26,9 @@ $(VENV)/.installed: pyproject.toml
 		|| $(PY) -m pip install -q -e '.[train,hf,dev]'
 	touch $@
 
-# The second pass runs beside the first, niced and in one process, on the cycles the first
-# leaves idle (many of its tests wait on subprocesses); its report follows the first's, and
-# make fails if either pass failed.
 test: setup
-	@rm -f .numerics.log .numerics.rc; \
-	( nice -n 10 env $(OTHER_KERNELS) $(PY) -m pytest -q -p no:cacheprovider \
-		-m "numerics and not slow" > .numerics.log 2>&1; echo $$? > .numerics.rc ) & \
-	$(PYTEST); first=$$?; wait; \
-	echo "== the numerics tests again, under $(OTHER_KERNELS) =="; cat .numerics.log; \
-	second=$$(cat .numerics.rc); rm -f .numerics.log .numerics.rc; \
-	test $$first -eq 0 && test $$second -eq 0
+	$(PYTEST)
+	$(MAKE) --no-print-directory test-numerics
 
 # The numerical tests under the other kernel set (those also marked slow -- torchrun, export,
 # the bf16 curve, inductor -- are left to `make tolerances`, which measures every bound on both).
