@@ -20,7 +20,7 @@ from folnet.arch.checkpoint import (
     resolve_model_dir,
     saved_num_labels,
 )
-from folnet.arch.config import ModelConfig, make_config
+from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels, make_config
 from folnet.arch.kinds import model_class
 from folnet.arch.plan import ArchPlan, parse_plan
 from folnet.arch.sizes import (
@@ -72,6 +72,11 @@ def model_from_config(cfg: ModelConfig, *, head: str | None = None, num_labels: 
 
 def _construct(cfg: ModelConfig, head: str | None, num_labels: int,
                plan: ArchPlan | None) -> nn.Module:
+    """The model, built where the caller's device context says. Every construction passes
+    here, so an output count torch could not take (``num_labels=2**63``) is refused here; the
+    model checks the rest (a type, a count below 1) where the head needs one."""
+    if isinstance(num_labels, int) and num_labels > NUM_LABELS_LIMIT:
+        check_num_labels(num_labels)
     return model_class(cfg.kind)(cfg, head, num_labels, plan=plan)
 
 

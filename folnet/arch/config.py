@@ -10,6 +10,7 @@ from typing import Any
 from folnet import files
 from folnet.errors import FolnetError, choices
 from folnet.ops.compiler import parse_backend
+from folnet.ops.spec import check_sizes, parse_spec
 
 #: Position encodings: the paper's clipped relative distance starting the binary stream (rpe),
 #: a BERT-style absolute table added to the unary atoms (ape), both (the released code's two
@@ -27,6 +28,9 @@ SIZE_LIMITS = {
     "D1": 2**16, "D2": 2**16, "L": 1024, "H": 1024, "S": 2**16, "F1": 2**18, "F2": 2**18,
     "delta": 2**16, "vocab_size": 2**24, "type_vocab_size": 2**16, "max_positions": 2**20,
 }
+#: The upper bound of a head's output count (config.json's ``num_labels``): the vocabulary's,
+#: since a text model's outputs are its vocabulary (`folnet.arch.vocab`).
+NUM_LABELS_LIMIT = SIZE_LIMITS["vocab_size"]
 #: The string fields and their closed sets of values (None: any non-empty string).
 CHOICES: dict[str, tuple[str, ...] | None] = {
     "ops": None, "kind": KINDS, "position": POSITIONS, "backend": None,
@@ -93,6 +97,29 @@ def check_fields(values: Mapping[str, Any], where: str = "") -> None:
                               f"{operators!r}")
 
 
+def check_num_labels(value: object, where: str = "num_labels") -> None:
+    """Refuse a head output count that is not an integer in [1, `NUM_LABELS_LIMIT`] before it
+    reaches torch, where ``2**63`` fails as "Overflow when unpacking long long" (and
+    transformers would build a label map that large). ``where`` names the field."""
+    if not _is_int(value) or not 1 <= value <= NUM_LABELS_LIMIT:
+        raise FolnetError(f"{where} must be an integer in [1, {NUM_LABELS_LIMIT}], got "
+                          f"{value!r}")
+
+
+def check_operator_sizes(operators: tuple[tuple[tuple[str, Any], ...], ...],
+                         dims: Mapping[str, int]) -> None:
+    """Parse the spec of every operator a config carries and evaluate its size and scale
+    expressions with the config's dimensions (`folnet.ops.spec.check_sizes`): the specs come
+    from config.json, so a hostile expression must fail here, as a `FolnetError` naming
+    ``operators[i]``, the operator, the field and the expression -- not hang or crash when
+    the model is built."""
+    for i, items in enumerate(operators):
+        try:
+            check_sizes(parse_spec(dict(items)), dims)
+        except FolnetError as exc:
+            raise FolnetError(f"operators[{i}]: {exc}") from None
+
+
 def operator_items(specs: object, where: str) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """The JSON form of ``operators`` (a list of spec tables) as the config holds it; the
     tables' contents are checked when the operators are registered (`parse_spec`)."""
@@ -136,6 +163,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_fields({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        check_operator_sizes(self.operators, self.dims)
 
     @property
     def padded_vocab(self) -> int:
@@ -192,7 +220,10 @@ class ModelConfig:
         if "operators" in data:
             data["operators"] = operator_items(data["operators"], f"{source}operators")
         check_fields(data, source)
-        return cls(**data)
+        try:  # the operators' expressions, which need the sizes (`check_operator_sizes`)
+            return cls(**data)
+        except FolnetError as exc:
+            raise FolnetError(f"{source}{exc}") from None
 
 OVERRIDES = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "vocab_size",
              "type_vocab_size", "dropout", "attention_dropout", "backend", "max_positions",

@@ -9,12 +9,14 @@ directory saved through transformers (``FolnetForX.save_pretrained``) keeps thos
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedConfig
 
 from folnet.arch import ModelConfig, ensure_operators
-from folnet.arch.config import OVERRIDES, make_config
+from folnet.arch.config import OVERRIDES, check_num_labels, make_config
 from folnet.errors import FolnetError
 
 
@@ -39,6 +41,10 @@ class FolnetConfig(PreTrainedConfig):
             self.preset = self.preset or "base"
             self.model = make_config(self.ops or "jmc.atp", preset_name=self.preset,
                                      kind=self.kind, overrides=overrides).to_dict()
+        else:  # from a file: every field, and every operator expression, checked first
+            ModelConfig.from_dict(self.model, source="model.")
+        if kwargs.get("num_labels") is not None:  # transformers would build 2**63 labels
+            check_num_labels(kwargs["num_labels"])
         self.ops = self.model.get("ops", self.ops)
         self.kind = self.model.get("kind", self.kind)
         if self.kind != "encoder":  # a text model's "num_labels" is its vocabulary
@@ -47,6 +53,18 @@ class FolnetConfig(PreTrainedConfig):
             kwargs.setdefault("is_encoder_decoder", True)
             kwargs.setdefault("decoder_start_token_id", 0)
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str],
+                        **kwargs: Any) -> FolnetConfig:
+        """transformers' loading, with a fault of the file (a field out of range, a hostile
+        operator expression) one `FolnetError` naming it, as `folnet.from_pretrained` does."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except FolnetError as exc:
+            source = Path(pretrained_model_name_or_path)
+            where = source / "config.json" if source.is_dir() else source
+            raise FolnetError(f"{where}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """transformers' dict, without a preset when the model was not made from one (a saved

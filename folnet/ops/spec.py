@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from folnet.errors import FolnetError, choices
-from folnet.ops.sizes import check_expression
+from folnet.ops.sizes import channel_sizes, check_expression, evaluate_scale
 
 TOKEN_LETTERS = ("x", "y", "a")
 CHANNEL_LETTERS = ("h", "s", "w")
@@ -325,3 +325,20 @@ def spec_to_dict(spec: OperatorSpec) -> dict[str, object]:
         "kernel_dropout": spec.kernel_dropout,
         "remark": spec.remark,
     }
+
+
+def check_sizes(spec: OperatorSpec, dims: Mapping[str, int]) -> dict[str, int]:
+    """Evaluate every size and scale expression of ``spec`` for a model's dimensions ``dims``
+    and return the channel sizes.
+
+    `parse_spec` checks what an expression may say; only the model's dimensions tell what it
+    is worth. A config.json carries both, so a loader calls this before anything is built: a
+    width of zero, of 2**62 or of ``D2/3`` is then a `FolnetError` naming the operator, the
+    field and the expression, never a crash inside torch (`folnet.ops.sizes` says the bounds).
+    """
+    label = f"operator {spec.symbol!r} ({spec.name})"
+    sizes = channel_sizes(spec.sizes, dims, symbol=spec.symbol, label=label)
+    for role in ("kernel_proj", "premise_proj"):
+        proj = spec.kernel_proj if role == "kernel_proj" else spec.premise_proj
+        evaluate_scale(proj.scale, dims, what=f"{label}: field {role!r}: 'scale'")
+    return sizes
