@@ -8,6 +8,7 @@ shape mismatches are errors that name the keys.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,27 @@ def _released_state(model: FolnetModel, src: _Source, head: str | None,
     return ours
 
 
+def _load_weights(weights: Path) -> Any:
+    """``torch.load(weights_only=True)`` of a released ``.pt``; a file that is not a tensor
+    pickle (an arbitrary object, a dict of other things, random bytes) is one line naming it
+    and what is expected. Why reworded: torch's refusal is a paragraph that advises loading
+    with ``weights_only=False``, which would run whatever code the pickle holds; only the
+    reason is kept. Torch's warning about the pickle protocol of such a file is silenced."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        # a KeyError or EOFError from the unpickler says nothing a user can act on
+        text = "" if isinstance(exc, (KeyError, IndexError, EOFError)) else str(exc)
+        text = " ".join(text.split("WeightsUnpickler error:", 1)[-1].split())
+        text = text.split(" Check the documentation of torch.load")[0]  # a pointer to docs
+        reason = text.split(". ")[0].rstrip(".")[:200] or "not a file torch.save writes"
+        raise FolnetError(f"{weights}: not a state dict that convert can read ({reason}); "
+                          f"expected a torch.save of a dict of parameter names to tensors, "
+                          f"read without running pickled code (weights_only=True)") from None
+
+
 def load_official(prefix: str | Path, *, head: str | None = "auto",
                   backend: str = "auto") -> FolnetModel:
     """Load ``prefix.cfg`` + ``prefix.pt`` (released format) into our model.
@@ -284,10 +306,7 @@ def load_official(prefix: str | Path, *, head: str | None = "auto",
     weights = Path(prefix + ".pt")
     if not weights.is_file():
         raise FolnetError(f"released weights {str(weights)!r} do not exist")
-    try:
-        sd = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise FolnetError(f"{weights}: cannot read the state dict safely ({exc})") from None
+    sd = _load_weights(weights)
     if isinstance(sd, dict) and "model" in sd and isinstance(sd["model"], dict):
         sd = sd["model"]
     if not isinstance(sd, dict):

@@ -38,6 +38,7 @@ from typing import Any
 
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
+from folnet.files import parse_json
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.options import read_toml, specs_file
 from folnet.train.pretrain.config import PretrainConfig
@@ -228,7 +229,7 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> A
             raise FolnetError(f"ablation plan {str(path)!r} does not exist")
     if path.suffix == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = parse_json(path.read_text(), str(path))
         except json.JSONDecodeError as exc:
             raise FolnetError(f"{path}: not valid JSON ({exc})") from None
     else:

@@ -26,6 +26,12 @@ binary after its first MiB) while it is read, refusing the file once their share
 limit: judged from the first MiB of characters on, and at the end of the file. Past the
 sample, an undecodable byte stops the `datasets` reader, which `folnet.train.data.sources`
 reports naming the file and ``--encoding``.
+
+One check is about structure, not text: `check_json_depth` refuses a JSON or JSON Lines file
+with a line nested more than `MAX_JSON_DEPTH` levels deep before `datasets` reads it, since
+pyarrow's JSON parser (the one `datasets` tries first) recurses on the native stack and a line
+nested about 175,000 deep killed the process with a segmentation fault -- no exception, no
+message, nothing to catch.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ import re
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from folnet.errors import FolnetError
 
-__all__ = ["MAX_BAD_SHARE", "SAMPLE_BYTES", "TextMeter", "canonical_encoding", "check_sample",
-           "first_undecodable_line", "is_utf8"]
+__all__ = ["MAX_BAD_SHARE", "MAX_JSON_DEPTH", "SAMPLE_BYTES", "TextMeter", "canonical_encoding",
+           "check_json_depth", "check_sample", "first_undecodable_line", "is_utf8"]
 
 #: The largest share of a file's characters that may be control characters (or U+FFFD).
 MAX_BAD_SHARE = 0.01
@@ -54,6 +62,15 @@ _NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd]")
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _SAMPLED = frozenset({"text", "json", "csv"})  # the builders that decode bytes themselves
+#: The deepest nesting of arrays and objects a line of a JSON file read through `datasets` may
+#: have: as deep as Python's own parser goes (its default recursion limit), below the 1,024
+#: levels of the parser `datasets` falls back to, far above any real record.
+MAX_JSON_DEPTH = 1000
+_SCAN_BYTES = 1 << 16  # how much of a JSON file `check_json_depth` takes at a time
+# a JSON string (escapes included), or an unclosed one to the end of its line; written as
+# runs of plain bytes between escapes, which the regex engine matches a run at a time
+_JSON_STRING = re.compile(rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"?')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def canonical_encoding(name: object, field: str = "encoding") -> str:
@@ -184,3 +201,66 @@ def first_undecodable_line(path: Path, encoding: str = "utf-8") -> tuple[int, st
         except UnicodeDecodeError as exc:
             return line, f"the file ends inside a character: {exc.reason}"
     return None
+
+
+def _line_depth(line: bytes) -> int:
+    """The deepest nesting of arrays and objects in one JSON line (as UTF-8 or another
+    ASCII-safe encoding), brackets inside strings not counted; a parser stops at the first
+    error, so this bounds how deep any parser goes into the line."""
+    brackets = _JSON_STRING.sub(b"", line).translate(None, _NOT_BRACKETS)
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _openers(data: bytes) -> int:
+    return data.count(b"[") + data.count(b"{")
+
+
+def check_json_depth(path: Path, encoding: str = "utf-8", what: str = "corpus file") -> None:
+    """Raise `FolnetError` naming ``what``, the file and the line when a line of a JSON or
+    JSON Lines file (plain or compressed) nests arrays and objects more than `MAX_JSON_DEPTH`
+    levels deep (see the module docstring for why).
+
+    A line nests at most as deep as it has opening brackets, so only a line with more than
+    `MAX_JSON_DEPTH` of them is measured exactly (strings skipped); a stretch of the file with
+    fewer costs two byte counts. Each byte is read once and a line longer than a read is
+    joined once, so a file on one line (a whole JSON array) costs linear time. Text in an
+    encoding other than UTF-8 is decoded and counted as UTF-8, where no byte of a multi-byte
+    character can pass for a bracket."""
+    utf8 = is_utf8(encoding)
+    decoder = None if utf8 else codecs.getincrementaldecoder(encoding)(errors="replace")
+    pending: list[bytes] = []  # the pieces of a line not yet complete
+    opened = 0  # opening brackets in those pieces
+    line = 1  # the number of the line `pending` starts
+    try:
+        handle = _open_binary(path)
+    except OSError as exc:
+        raise FolnetError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
+    with handle:
+        while True:
+            try:
+                raw = handle.read(_SCAN_BYTES)
+            except (OSError, EOFError, lzma.LZMAError, ValueError) as exc:
+                message = " ".join(str(exc).split())
+                raise FolnetError(f"cannot read {what} {str(path)!r}: {message}") from None
+            chunk = raw if decoder is None else decoder.decode(raw, final=not raw).encode()
+            cut = chunk.rfind(b"\n") + 1 if raw else len(chunk)
+            if raw and cut == 0:  # no line ends here: the line goes on
+                pending.append(chunk)
+                opened += _openers(chunk)
+                continue
+            head, rest = chunk[:cut], chunk[cut:]
+            if opened + _openers(head) > MAX_JSON_DEPTH:
+                block = b"".join([*pending, head])
+                for number, text in enumerate(block.split(b"\n"), line):
+                    depth = _line_depth(text) if _openers(text) > MAX_JSON_DEPTH else 0
+                    if depth > MAX_JSON_DEPTH:
+                        raise FolnetError(
+                            f"{what} {str(path)!r}, line {number}: JSON nested {depth:,} "
+                            f"levels deep, more than the {MAX_JSON_DEPTH:,} that are read "
+                            f"(deeper nesting crashes the JSON parser of `datasets`)")
+            line += head.count(b"\n")
+            pending, opened = [rest], _openers(rest)
+            if not raw:
+                return

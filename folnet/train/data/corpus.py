@@ -98,7 +98,9 @@ def _load(directory: Path | None,
         if not isinstance(meta, dict):
             return None
         return {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in names}, meta
-    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors; a meta.json nested deeper than
+    # the parser follows raises RecursionError, which is not
+    except (OSError, ValueError, RecursionError):
         return None
 
 

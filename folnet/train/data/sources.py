@@ -26,7 +26,13 @@ text files have one column, ``text``, whatever the option says.
 Text, JSON and CSV files are decoded with ``encoding`` (``--encoding``, default utf-8; parquet,
 arrow and saved datasets hold decoded strings). Every file is checked to be text as it is read
 (`folnet.train.data.checks`: its first MiB up front, then every record): bytes that do not
-decode, or more than 1% control characters, are an error naming the file and the share.
+decode, or more than 1% control characters, are an error naming the file and the share. A JSON
+file is also read once more before `datasets` reads it, for lines nested too deeply for its
+parser (`folnet.train.data.checks.check_json_depth`: such a line crashed the process).
+
+A path given by name must be a regular file (or a folder): a FIFO or a device (a link to
+/dev/zero, say) is refused by `os.stat` alone, before anything opens it -- opening a FIFO
+blocks until another process writes to it, and a device never ends.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError, choices
-from folnet.train.data.checks import TextMeter, check_sample, is_utf8
+from folnet.train.data.checks import TextMeter, check_json_depth, check_sample, is_utf8
 
 __all__ = [
     "COMPRESSIONS",
@@ -127,6 +134,29 @@ def _folder_files(path: Path) -> list[Path]:
                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
 
 
+#: What `os.stat` says a path is, for an error about one that is neither file nor folder.
+_FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(path: Path) -> None:
+    """Refuse a path (after links) that is neither a regular file nor a folder, by its
+    `os.stat` alone: opening a FIFO blocks, reading a device never ends, and either was
+    reported as "an empty corpus directory"."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise FolnetError(f"cannot read corpus path {str(path)!r}: "
+                          f"{exc.strerror or exc}") from None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _FILE_KINDS if test(mode)),
+                f"a file of another kind ({stat.filemode(mode)})")
+    linked = f" (a link to {os.path.realpath(path)!r})" if path.is_symlink() else ""
+    raise FolnetError(f"corpus path {str(path)!r}{linked} is not a regular file: it is {kind}; "
+                      f"give a file, a folder or a glob pattern of files")
+
+
 def _resolve_one(item: str | os.PathLike[str]) -> list[Part]:
     if isinstance(item, str) and item in EMBEDDED:
         return [(item, None)]
@@ -141,6 +171,7 @@ def _resolve_one(item: str | os.PathLike[str]) -> list[Part]:
         return [(_format_of(f), f) for f in files]
     if not path.exists():
         raise FolnetError(f"corpus path {str(path)!r} does not exist")
+    _check_regular(path)
     if path.is_file():
         return [(_format_of(path), path)]
     if _is_saved(path):
@@ -246,6 +277,8 @@ def read_texts(kind: str, path: Path, text_column: str = "text",
     if kind != SAVED:
         _check_encoding_applies(kind, path, encoding)
         check_sample(kind, path, encoding)
+    if kind == "json":
+        check_json_depth(path, encoding)
     values = _values(kind, path, "text" if kind == "text" else text_column, encoding)
     meter = TextMeter(path, encoding)
     number = 0

@@ -26,6 +26,7 @@ from tokenizers import (
 )
 
 from folnet.errors import FolnetError, choices
+from folnet.files import parse_json
 from folnet.io import atomic_write, atomic_write_text
 from folnet.train.data.alphabet import bounded_alphabet
 from folnet.train.data.checks import first_undecodable_line
@@ -374,7 +375,10 @@ def load_tokenizer(
     config = path.parent / "tokenizer_config.json"
     if config.is_file():
         try:
-            length = int(json.loads(config.read_text(encoding="utf-8"))["model_max_length"])
+            length = int(parse_json(config.read_text(encoding="utf-8"),
+                                    str(config))["model_max_length"])
+        except FolnetError:  # nested too deeply: a ValueError too, but says so itself
+            raise
         except (ValueError, KeyError, TypeError):
             raise FolnetError(f"{config}: no integer model_max_length") from None
     return FolnetTokenizer(tokenizer, source=str(path), model_max_length=length)

@@ -12,11 +12,11 @@ in training is an error rather than an unlearnable class.
 from __future__ import annotations
 
 import ast
-import csv
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from folnet.errors import FolnetError
+from folnet.files import csv_rows
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.hfdatasets import Published, RowTable
@@ -48,13 +48,11 @@ def question(query: tuple[str, str]) -> str:
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """(1-based line where the record starts, {column: value}) for every data record. Stories
-    may contain quoted commas (and in principle newlines), so this is a standard CSV read."""
+    may contain quoted commas (and in principle newlines), so this is a standard CSV read;
+    `csv_rows` names the file and line of a field too long (an unclosed quote, most likely)."""
     with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.reader(handle)
         header: list[str] | None = None
-        start = 1
-        for fields in reader:
-            line, start = start, reader.line_num + 1
+        for line, fields in csv_rows(handle, str(path)):
             if not fields:
                 continue
             if header is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError
+from folnet.files import parse_json
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.hfdatasets import Published, RowTable
@@ -79,7 +80,7 @@ def read_folio(task: TaskSpec, path: str | Path, split: str) -> list[Example]:
                 continue
             where = f"{path}:{line_no}"
             try:
-                record = json.loads(line)
+                record = parse_json(line, where)
             except json.JSONDecodeError as exc:
                 raise FolnetError(f"{where}: not a valid JSON line ({exc.msg})") from None
             if not isinstance(record, dict):

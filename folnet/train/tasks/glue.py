@@ -7,7 +7,9 @@ label). CoLA's train/dev files are the exception: they have no header and four f
 (source, label, original mark, sentence). Files are read with ``csv.QUOTE_NONE`` because
 GLUE sentences contain unbalanced quote characters that are text, not quoting. Every row must
 have as many fields as the header; a short or long row is an error quoting the file and its
-1-based line, never a silent skip.
+1-based line, never a silent skip. A field may be up to `folnet.files.CSV_FIELD_LIMIT`
+characters long (the csv module alone stops at 131,072 with an error naming no file); a longer
+one is an error naming the file, its line and the limit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from folnet.errors import FolnetError
+from folnet.files import csv_rows
 from folnet.train.data.checks import first_undecodable_line
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
@@ -134,10 +137,10 @@ def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     that are not UTF-8 are an error naming the line that holds them."""
     try:
         with path.open(encoding="utf-8-sig", newline="") as handle:
-            reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-            for fields in reader:
+            for line, fields in csv_rows(handle, str(path), delimiter="\t",
+                                         quoting=csv.QUOTE_NONE):
                 if fields:
-                    yield reader.line_num, fields
+                    yield line, fields
     except UnicodeDecodeError:
         # the decoder runs blocks ahead of the reader: find the line that holds the bytes
         bad = first_undecodable_line(path, "utf-8-sig")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError
+from folnet.train.data.checks import check_json_depth
 from folnet.train.data.sources import FORMATS, import_datasets, is_saved_dataset
 from folnet.train.tasks.base import TaskSpec, missing_split, split_dirs, split_file_candidates
 
@@ -196,10 +197,15 @@ def read_rows(source: RowSource, published: Published, split: str) -> RowTable:
     """The rows of one split, read through `datasets` and checked against ``published``.
 
     Data files are converted into a temporary cache that is gone when this returns (the rows
-    are materialised first), so reading leaves nothing in the user's `datasets` cache.
+    are materialised first), so reading leaves nothing in the user's `datasets` cache. JSON
+    files are checked for lines nested too deeply first (`check_json_depth`): pyarrow's
+    parser crashes the process on one, past any ``except``.
     """
     datasets = import_datasets(f"reading {source.describe()}")
     try:
+        if source.builder == "json":
+            for path in source.paths:
+                check_json_depth(path, what="data file")
         with _quiet(datasets):
             if source.builder == "saved":
                 loaded = datasets.load_from_disk(str(source.paths[0]))

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from folnet.errors import FolnetError, choices
+from folnet.files import parse_json
 
 __all__ = [
     "METRICS",
@@ -227,11 +228,13 @@ def _questions(dataset: Any) -> list[tuple[str, list[str]]]:
     if isinstance(dataset, (str, Path)):
         path = Path(dataset)
         try:
-            dataset = json.loads(path.read_text(encoding="utf-8"))
+            dataset = parse_json(path.read_text(encoding="utf-8"), str(path))
         except FileNotFoundError:
             raise FolnetError(f"SQuAD file {str(path)!r} does not exist") from None
         except json.JSONDecodeError as exc:
             raise FolnetError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        except UnicodeDecodeError:
+            raise FolnetError(f"{path}: not valid UTF-8; a SQuAD file is UTF-8 JSON") from None
     if isinstance(dataset, Mapping):
         if not isinstance(dataset.get("data"), list):
             raise FolnetError("SQuAD dataset JSON must have a top-level 'data' list")

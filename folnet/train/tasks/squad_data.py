@@ -5,19 +5,22 @@ Why a module of its own: what makes a question usable -- its answer text really 
 ``answer_start``, ``is_impossible`` a real boolean -- is data validation, apart from the
 windowing and decoding in `folnet.train.tasks.squad`. A question that fails is an error naming
 the file and the question id; with ``skip_bad_answers`` (``--skip-bad-answers``) a question
-whose answer is elsewhere is left out instead, and the count reported as a warning.
+whose answer is elsewhere is left out instead, and the count reported as one warning line on
+stderr (`folnet.io.warn`, as every other warning of a run: a Python warning printed the
+module's path and source line around it).
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError
+from folnet.files import parse_json
+from folnet.io import warn
 from folnet.train.data.checks import first_undecodable_line
 from folnet.train.tasks.base import TaskSpec
 from folnet.train.tasks.hfdatasets import RowTable
@@ -95,9 +98,8 @@ class _Skipped:
         if self.ids:
             shown = ", ".join(repr(q) for q in self.ids[:5])
             more = f", ... ({len(self.ids)} in all)" if len(self.ids) > 5 else ""
-            warnings.warn(f"{source}: skipped {len(self.ids)} question(s) whose answer text is "
-                          f"not at its answer_start (--skip-bad-answers): {shown}{more}",
-                          stacklevel=3)
+            warn(f"{source}: skipped {len(self.ids)} question(s) whose answer text is not at "
+                 f"its answer_start (--skip-bad-answers): {shown}{more}")
 
 
 def _impossible(qa: dict[str, Any], where: str) -> bool:
@@ -189,7 +191,7 @@ def read_squad(path: str | Path, *, skip_bad_answers: bool = False) -> list[Squa
     `parse_squad` for `skip_bad_answers`."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"), str(path))
     except json.JSONDecodeError as exc:
         raise FolnetError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     except UnicodeDecodeError:
