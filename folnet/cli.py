@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from folnet import __version__
+from folnet.checksums import strict_checksums
 from folnet.errors import FolnetError, NonFiniteError
 
 __all__ = ["EXTRAS", "Command", "DefaultsFormatter", "build_parser", "main",
@@ -122,14 +123,21 @@ def _info_run(args: argparse.Namespace) -> int:
     import torch
 
     from folnet.arch.build import build_model
-    from folnet.arch.info import model_info
+    from folnet.arch.config import SIZE_LIMITS
+    from folnet.arch.info import check_seq_len, model_info
 
-    if args.seq_len < 1:
-        raise FolnetError(f"--seq-len must be >= 1, got {args.seq_len}")
+    # every integer option is range-checked before anything is built, naming the option
+    check_seq_len(args.seq_len, name="--seq-len")
+    for option, name in (("--vocab-size", "vocab_size"), ("--D2", "D2")):
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= SIZE_LIMITS[name]:
+            raise FolnetError(f"{option} must be an integer from 1 to {SIZE_LIMITS[name]:,}, "
+                              f"got {value}")
     overrides = {k: v for k, v in (("vocab_size", args.vocab_size), ("D2", args.D2),
                                    ("position", args.position)) if v is not None}
     with torch.device("meta"):
         model = build_model(args.ops, preset=args.preset, **overrides)
+    check_seq_len(args.seq_len, model.cfg, name="--seq-len")  # the model's max_positions
     print(model_info(model, args.seq_len).render())
     return 0
 
@@ -208,12 +216,17 @@ def build_parser(command: str | None = None
                                        formatter_class=DefaultsFormatter)
         if command is None or name == command:
             cmd.configure(parsers[name])
+            parsers[name].add_argument(
+                "--strict-checksums", action="store_true",
+                help="refuse a model directory without checksums.json instead of loading it "
+                     "unchecked with a warning (also: FOLNET_STRICT_CHECKSUMS=1)")
     return parser, parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; user errors (bad options, missing extras) are one line and exit 2; a
-    training run stopped by NaN or inf (`NonFiniteError`) is one line and exits 1."""
+    training run stopped by NaN or inf (`NonFiniteError`) is one line and exits 1; Ctrl-C is one
+    line and exits 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, parsers = build_parser(_command_in(argv) or "")
     args, unknown = parser.parse_known_args(argv)
@@ -225,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_missing_extra_message(args.command, missing), file=sys.stderr)
         return 2
     try:
-        return int(cmd.run(args) or 0)
+        with strict_checksums(bool(getattr(args, "strict_checksums", False))):
+            return int(cmd.run(args) or 0)
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (where a run says how to go on)
+        print(f"folnet {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
     except NonFiniteError as exc:  # the run failed, the command was right: not 2
         print(f"folnet {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -8,7 +8,7 @@ list them.
 `NonFiniteError` is the one subclass with its own exit status: a run that diverged (NaN or inf
 in its loss, gradients or weights) is not a mistyped option but a failed run, so the command
 line exits 1 for it, where it exits 2 for every other `FolnetError`; scripts and schedulers can
-tell "fix the command" from "the training blew up".
+tell "fix the command" from "the training blew up". `Interrupted` (Ctrl-C) exits 130.
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ class FolnetError(ValueError):
 
 class NonFiniteError(FolnetError):
     """A training run stopped because its loss, gradients or weights were not finite."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C reached a run: a `KeyboardInterrupt` (code that stops on one still does) whose
+    message says where the run stopped and what to run to go on; the command line prints it as
+    one line and exits 130 (128 + SIGINT), as shells do for an interrupted program."""
 
 
 def choices(values: Iterable[object]) -> str:

@@ -38,8 +38,6 @@ __all__ = ["WriteError", "atomic_write", "atomic_write_dir", "atomic_write_json"
            "os_error_of", "remove_leftovers", "remove_tree", "warn", "write_error",
            "write_faults", "writing"]
 
-#: Prefixes of what an interrupted write or deletion leaves behind.
-LEFTOVER_PREFIXES = (".tmp-", ".trash-")
 
 #: The OS errors a user fixes on their side, with what to tell them.
 WRITE_FAULTS = {
@@ -278,12 +276,18 @@ def discard_dir(path: str | os.PathLike[str]) -> bool:
     return True
 
 
+#: The names folnet's writers give what an interruption may leave: a temporary
+#: (``.tmp-<name>-<pid>-<8 hex>``, `_temporary_name`), a directory being deleted
+#: (``.trash-<name>-<8 hex>``, `discard_dir`), and the mkstemp temporaries of earlier
+#: folnet versions (``.<name>.<8 of [a-z0-9_]>.tmp``). The random suffix is what proves a name
+#: folnet's own: a user's ``.tmp-draft.txt`` or ``.session.vim.tmp`` never matches.
+_LEFTOVER = re.compile(r"\.tmp-.+-\d+-[0-9a-f]{8}|\.trash-.+-[0-9a-f]{8}|\..+\.[a-z0-9_]{8}\.tmp")
+
+
 def is_leftover(name: str) -> bool:
-    """Whether a directory entry is what an interrupted atomic write or deletion left:
-    ``.tmp-*`` and ``.trash-*``, and ``.<name>.<random>.tmp`` of folnet versions that made
-    temporaries with mkstemp."""
-    return name.startswith(LEFTOVER_PREFIXES) or (
-        name.startswith(".") and name.endswith(".tmp") and name.count(".") >= 3)
+    """Whether a directory entry is what one of folnet's interrupted atomic writes or
+    deletions left (see `_LEFTOVER`); anything else, whatever it looks like, is not."""
+    return _LEFTOVER.fullmatch(name) is not None
 
 
 def remove_leftovers(root: str | os.PathLike[str], *, skip: Iterable[str] = ("cache",)

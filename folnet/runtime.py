@@ -64,3 +64,33 @@ def tune_cpu_allocator(seq_len: int | None = None) -> bool:
     ok = pages and mallopt(_M_ARENA_MAX, 1) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
     _done = long if ok else None
     return ok
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux ``/proc/self/statm``), or None elsewhere."""
+    try:
+        pages = int(open("/proc/self/statm", encoding="ascii").read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def release_free_memory() -> bool:
+    """Hand the heap's free pages back to the operating system (glibc ``malloc_trim``).
+
+    Why it exists: with the heap kept (`tune_cpu_allocator`), freed blocks are reused, but the
+    holes that tensors of different sizes leave grow the heap step after step -- measured on
+    the tiny preset at 32 sequences per micro-batch with gradient accumulation: 1.9 GiB after
+    the first step, 2.4 GiB after the seventh, 4.8 GiB after the twentieth. A run that must
+    stay inside a memory budget calls this when its resident memory passes the budget: the
+    next step faults the returned pages in again (a cost paid only then). Returns whether
+    anything could be asked (False off glibc)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from folnet.arch.config import ModelConfig
+from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels
 from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
-from folnet.checksums import verify_files
+from folnet.checksums import verify_model_dir
 from folnet.errors import FolnetError
 from folnet.files import read_json
 from folnet.io import atomic_write, atomic_write_json
@@ -92,6 +92,7 @@ def resolve_model_dir(path: str | Path, *, what: str = "checkpoint") -> Path:
     for candidate in candidates:
         if (candidate / "config.json").is_file() and (candidate / "model.safetensors").is_file():
             try:
+                verify_model_dir(candidate)  # config, weights and tokenizer, before any is read
                 read_metadata(candidate)
             except FolnetError as exc:
                 raise FolnetError(f"{what} {str(root)!r}: {exc}") from None
@@ -112,36 +113,53 @@ def saved_num_labels(meta: dict[str, Any]) -> int:
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:
-    """A checkpoint's config.json, checked to be ours and its top-level fields checked for
-    type (`check_metadata`); the model config under ``model`` is checked when it is read
-    (`folnet.arch.config.ModelConfig.from_dict`)."""
+    """A checkpoint's config.json, checked to be ours, its top-level fields checked
+    (`check_metadata`) and its model config under ``model`` checked whole
+    (`folnet.arch.config.ModelConfig.from_dict`: every size in range, every custom operator's
+    size and scale expression evaluated within bounds).
+
+    Every loader (`folnet.from_pretrained`, ``--init-from``, ``--resume``, finetuning) reads
+    config.json here, and model directories come from strangers: this is the one place where
+    a hostile file is refused, fast, each fault one `FolnetError` line starting with the
+    file's path."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FolnetError(f"checkpoint {str(directory)!r} has no config.json")
     meta = read_json(path, what="config.json")
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise FolnetError(f"{path}: not a folnet checkpoint (format {found!r})")
-    check_metadata(meta, str(path))
+    try:
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise FolnetError(f"not a folnet checkpoint (format {found!r})")
+        check_metadata(meta)
+        ModelConfig.from_dict(meta["model"], source="model.")
+    except FolnetError as exc:
+        raise FolnetError(f"{path}: {exc}") from None
     return meta
 
 
-def check_metadata(meta: dict[str, Any], where: str) -> None:
+def check_metadata(meta: dict[str, Any], where: str = "") -> None:
     """The fields of config.json beside the model config: each fault a `FolnetError` naming
-    ``where`` (the file) and the field, so no raw TypeError surfaces later."""
+    ``where`` (the file; `read_metadata` leaves it empty and adds the path itself) and the
+    field, so no raw TypeError, and no size torch cannot take, surfaces later."""
+    prefix = f"{where}: " if where else ""
 
     def bad(name: str, want: str) -> FolnetError:
-        return FolnetError(f"{where}: field {name!r} must be {want}, got {meta[name]!r}")
+        return FolnetError(f"{prefix}field {name!r} must be {want}, got {meta[name]!r}")
 
     if "model" not in meta:
-        raise FolnetError(f"{where}: missing field 'model' (the model config)")
+        raise FolnetError(f"{prefix}missing field 'model' (the model config)")
     if not isinstance(meta["model"], dict):
         raise bad("model", "an object of model config fields")
-    for name in ("version", "num_labels"):
-        value = meta.get(name)
-        if name in meta and (not isinstance(value, int) or isinstance(value, bool)
-                             or value < 1):
-            raise bad(name, "a positive integer")
+    value = meta.get("version")
+    if "version" in meta and (not isinstance(value, int) or isinstance(value, bool)
+                              or value < 1):
+        raise bad("version", "a positive integer")
+    if "num_labels" in meta:
+        check_num_labels(meta["num_labels"], f"{prefix}field 'num_labels'")
+    labels = meta.get("id2label")
+    if isinstance(labels, dict) and len(labels) > NUM_LABELS_LIMIT:
+        raise FolnetError(f"{prefix}field 'id2label' has {len(labels)} entries, more than "
+                          f"the limit {NUM_LABELS_LIMIT}")
     for name in ("ops", "kind", "head"):
         if meta.get(name) is not None and not isinstance(meta[name], str):
             raise bad(name, "a string" + (" or null" if name == "head" else ""))
@@ -167,15 +185,16 @@ def ensure_operators(cfg: ModelConfig) -> None:
 def read_weights(directory: str | Path, *, map_location: str = "cpu") -> dict[str, Any]:
     """The tensors of ``directory/model.safetensors``; a missing, corrupt or truncated file is a
     `FolnetError` naming it. Where the directory has a ``checksums.json`` (`folnet.checksums`),
-    the weights and config.json are checked against it first: a flipped byte inside tensor
-    data would otherwise load silently."""
+    the weights, config.json and tokenizer files are checked against it first: a flipped byte
+    inside tensor data would otherwise load silently; without one, a warning (or an error under
+    `folnet.checksums.strict_checksums`)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     weights = Path(directory) / "model.safetensors"
     if not weights.is_file():
         raise FolnetError(f"checkpoint {str(directory)!r} has no model.safetensors")
-    verify_files(directory, ("config.json", "model.safetensors"))
+    verify_model_dir(directory)
     try:
         return load_file(str(weights), device=map_location)
     except (SafetensorError, OSError, ValueError) as exc:

@@ -3,20 +3,33 @@
 The model is built on the ``meta`` device, so even the large preset costs no memory or time:
 FLOPs come from ``torch.utils.flop_counter`` over a forward (and forward+backward = 3x) pass on
 meta tensors, activation memory from the tensors autograd saves for the backward pass.
+
+The sequence length is bounded (`check_seq_len`): by the model's ``max_positions`` where it
+has an absolute-position table (no longer sequence can run), and by `MAX_INFO_SEQ_LEN` for
+every model. Why the second bound: nothing is allocated, but the blocked estimate runs
+(T / 256)^2 row blocks per layer (`folnet.arch.memory.BLOCK_PAIRS`), minutes at the bound and
+hours at 32k; and at T = 10^9 the size of one B x T x T x D2 meta tensor no longer fits a
+64-bit integer, which torch reported as "Storage size calculation overflowed".
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from folnet.arch.atoms import relative_position_ids, token_positions
+from folnet.arch.config import ModelConfig
 from folnet.arch.domain import Domain
 from folnet.arch.memory import AUTO_MIN_T
 from folnet.arch.models.encoder import FolnetModel
+from folnet.errors import FolnetError
+
+#: The longest sequence `model_info` counts (see the module docstring).
+MAX_INFO_SEQ_LEN = 4096
 
 
 @dataclass(frozen=True)
@@ -109,9 +122,49 @@ def _saved_and_flops(model: FolnetModel, seq_len: int, mode: str) -> tuple[int, 
     return sum(saved.values()), int(counter.get_total_flops())
 
 
+def saved_bytes(model: FolnetModel, seq_len: int, mode: str = "full") -> int:
+    """Bytes autograd saves for the backward pass of one sequence of ``seq_len`` tokens with
+    every layer in memory ``mode`` ('full' or 'blocked').
+
+    Why extrapolated: every saved tensor is per token, per token pair or fixed, so the count is
+    exactly quadratic in T (checked from 16 to 1,024 tokens in both modes: equal to 1e-13), and
+    a long length is read off the parabola through T = 32, 64, 128 -- counting it directly
+    would run the blocked path over thousands of row blocks, minutes even on the meta device.
+    """
+    if seq_len <= 128:
+        return _saved_and_flops(model, seq_len, mode)[0]
+    xs = (32, 64, 128)
+    ys = [_saved_and_flops(model, x, mode)[0] for x in xs]
+    total = Fraction(0)
+    for i, (xi, yi) in enumerate(zip(xs, ys, strict=True)):  # Lagrange, in exact arithmetic
+        term = Fraction(yi)
+        for j, xj in enumerate(xs):
+            if j != i:
+                term *= Fraction(seq_len - xj, xi - xj)
+        total += term
+    return round(total)
+
+
+def check_seq_len(seq_len: object, cfg: ModelConfig | None = None, *,
+                  name: str = "seq_len") -> None:
+    """Raise `FolnetError` naming ``name`` (the option or argument), the value and the limit
+    unless ``seq_len`` is an integer from 1 to `MAX_INFO_SEQ_LEN` and, for a config ``cfg``
+    with an absolute-position table, to its ``max_positions``. Cheap, so a caller runs it
+    before building anything; without ``cfg`` only the first bound is checked."""
+    limit, why = MAX_INFO_SEQ_LEN, "the longest sequence folnet info estimates"
+    if cfg is not None and cfg.absolute_positions and cfg.max_positions < limit:
+        limit, why = cfg.max_positions, (f"the model's max_positions: position {cfg.position!r} "
+                                         f"has a table of that many rows")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= limit:
+        raise FolnetError(f"{name} must be an integer from 1 to {limit:,} ({why}), got "
+                          f"{seq_len!r}")
+
+
 def model_info(model: FolnetModel, seq_len: int = 128) -> ModelInfo:
     """Count parameters, FLOPs and saved activations of ``model`` (any device; meta is best),
-    the activations both for the full square and with the layers in row blocks."""
+    the activations both for the full square and with the layers in row blocks. ``seq_len``
+    is bounded (`check_seq_len`)."""
+    check_seq_len(seq_len, model.cfg)
     full, flops = _saved_and_flops(model, seq_len, "full")
     blocked, _ = _saved_and_flops(model, seq_len, "blocked")
     params = parameter_breakdown(model)

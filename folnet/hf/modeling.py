@@ -9,6 +9,7 @@ token_type_ids, ..., labels``) and returns transformers' output classes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,6 +26,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput
 
 from folnet.arch import model_from_config
+from folnet.checksums import verify_model_dir
 from folnet.errors import FolnetError
 from folnet.hf.config import FolnetConfig
 
@@ -63,6 +65,9 @@ class FolnetPreTrainedModel(PreTrainedModel):
         offsets leave mapped tensors unaligned, and the CPU matrix kernels then take other code
         paths that round differently (measured: ~1e-7 off the native model's outputs). With
         ``output_loading_info=True`` the answer is (model, info), as transformers gives it."""
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+            verify_model_dir(source)  # config, weights and tokenizer against checksums.json
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         with torch.no_grad():

@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
         from folnet.train.engine.procs import die_with_parent
 
         die_with_parent(args.parent_pid)
-    from folnet.errors import FolnetError
+    from folnet.errors import FolnetError, Interrupted
     from folnet.runtime import tune_cpu_allocator
     from folnet.train.ablate.plan import load_plan
     from folnet.train.ablate.run import run_plan
@@ -62,10 +62,15 @@ def _run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, overrides)  # every row validated before anything trains
     tune_cpu_allocator()
     out = args.out or f"runs/ablate-{plan.name}"
-    with sigterm_exits():  # SIGTERM unwinds: row locks released, row processes stopped
-        paths = run_plan(plan, out, jobs=args.jobs,
-                         only=args.rows.split(",") if args.rows else None,
-                         progress=not args.no_progress, report=not args.no_report)
+    try:
+        with sigterm_exits():  # SIGTERM unwinds: row locks released, row processes stopped
+            paths = run_plan(plan, out, jobs=args.jobs,
+                             only=args.rows.split(",") if args.rows else None,
+                             progress=not args.no_progress, report=not args.no_report)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; the finished rows are kept in {str(out)!r} and a row "
+                          f"resumes from its last checkpoint: run the same command again to "
+                          f"go on") from None
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if "md" in paths:

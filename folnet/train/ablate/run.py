@@ -42,6 +42,7 @@ from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_
 from folnet.train.ablate.report import write_reports
 from folnet.train.ablate.rows import RowBusy, claim_row, row_dir, running_message
 from folnet.train.ablate.summary import summarise_row
+from folnet.train.engine.outdir import check_out
 from folnet.train.engine.runlog import read_log
 from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
 from folnet.train.finetune.evaluate import read_predictions
@@ -234,7 +235,7 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
 
     Rows that failed (``jobs > 1``) or that another live process is running are named in a
     `FolnetError` raised after the report of the finished rows is written."""
-    out = Path(out)
+    out = check_out(out, what="ablation")  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     _check_out(plan, out)
     rows = [r for r in plan.rows if not only or r.name in only or r.slug in only]

@@ -19,10 +19,12 @@ NFS clients on different hosts; the message names the host to help there.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -53,6 +55,11 @@ def _describe(holder: dict[str, object], what: str) -> str:
             if isinstance(started, (int, float)) else "?")
     return (f"another {holder.get('what') or what}: pid {holder.get('pid', '?')} on "
             f"{holder.get('host', '?')} since {when} ({holder.get('command', '?')})")
+
+
+def _not_a_lock(path: Path, what: str) -> FolnetError:
+    return FolnetError(f"{str(path)!r} is {what}, not folnet's lock file; folnet never writes "
+                       f"through it: delete it, or choose another --out")
 
 
 class RunLock:
@@ -86,10 +93,18 @@ class RunLock:
         path = self.directory / LOCK_NAME
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            # O_NOFOLLOW: a link planted at OUT/.lock must not have the truncation below
+            # land on the file it points to (outside OUT)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK, 0o666)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _not_a_lock(path, "a symbolic link") from None
             raise write_error(path, exc, what=f"cannot create the {self.what}'s lock file"
                               ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: not ours either
+            os.close(fd)
+            raise _not_a_lock(path, "not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -140,9 +155,12 @@ def lock_holder(directory: str | os.PathLike[str]) -> dict[str, object] | None:
     process does. Takes and drops the lock to find out, so never call it on a directory this
     process holds."""
     path = Path(directory) / LOCK_NAME
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():
         return None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

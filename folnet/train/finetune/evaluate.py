@@ -25,6 +25,7 @@ from folnet.errors import FolnetError
 from folnet.io import atomic_write_json, atomic_write_text, remove_leftovers, write_faults
 from folnet.train.engine.distributed import resolve_device
 from folnet.train.engine.lock import RunLock
+from folnet.train.engine.outdir import check_out
 from folnet.train.finetune.checkpoint import load_finetuned
 from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.finetune.data import (
@@ -105,6 +106,7 @@ def evaluate_checkpoint(model_dir: str | Path, out: str | Path, *, task: str | N
     generator's options are read from the model's config.json), with the model's own label
     set: a label outside it in the data is an error naming the file and line.
     """
+    out = check_out(out, what="evaluation")  # before the model is even read
     model, tok, meta = load_finetuned(model_dir, tokenizer)
     saved_task = meta.get("task")
     if task is not None and saved_task is not None and resolve_task(task).name != saved_task:
@@ -132,7 +134,6 @@ def evaluate_checkpoint(model_dir: str | Path, out: str | Path, *, task: str | N
                "headline": metrics[headline].get(data_.task.main_metric), "metrics": metrics,
                "predictions": {s: f"predictions/{s}.tsv" for s in metrics},
                "max_len": hyper.max_len}
-    out = Path(out)
     # OUT is written only here: held against a finetuning run or evaluation writing it too
     with RunLock(out, what="evaluation", on_acquire=remove_leftovers), write_faults(out):
         for name, (_metrics, rows) in results.items():

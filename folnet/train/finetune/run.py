@@ -42,6 +42,7 @@ from folnet.runtime import tune_cpu_allocator
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine.distributed import resolve_device
 from folnet.train.engine.lock import RunLock
+from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.finetune.checkpoint import (
     build_task_model,
     check_vocabulary,
@@ -197,17 +198,18 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
     if config.out is None:
         raise FolnetError("--out is required: the directory for eval.json, predictions and "
                           "the finetuned model")
-    out = Path(config.out)
+    out = check_out(config.out, what="finetuning run")  # before anything is written
     lock = RunLock(out, what="finetuning run", on_acquire=remove_leftovers)
+    fresh = FreshStart(out)  # a start that fails leaves nothing
     try:
-        with write_faults(out):
-            return _finetune(config, task, out, lock)
+        with write_faults(out), fresh:
+            return _finetune(config, task, out, lock, fresh)
     finally:
         lock.release()
 
 
-def _finetune(config: FinetuneConfig, task: TaskSpec, out: Path, lock: RunLock
-              ) -> dict[str, Any]:
+def _finetune(config: FinetuneConfig, task: TaskSpec, out: Path, lock: RunLock,
+              fresh: FreshStart) -> dict[str, Any]:
     if out.is_dir():
         lock.acquire()  # before reading OUT: no other run may change it now
     _check_out(config, out)
@@ -222,6 +224,7 @@ def _finetune(config: FinetuneConfig, task: TaskSpec, out: Path, lock: RunLock
     settings = {"config": config.to_dict(), "hyper": _hyper_dict(hyper),
                 "checkpoint": str(checkpoint), "task": task.name, "labels": label_names(task)}
     atomic_write_json(out / "run_config.json", settings)
+    fresh.begun()
     records = [_run_seed(seed, config=config, hyper=hyper, data=data, checkpoint=checkpoint,
                          tokenizer=tokenizer, out=out, device=device)
                for seed in config.seed_list]

@@ -23,6 +23,7 @@ from folnet.errors import FolnetError, choices
 from folnet.train.data.checks import canonical_encoding
 from folnet.train.data.config import OBJECTIVES
 from folnet.train.engine.amp import PRECISIONS
+from folnet.train.engine.memory import parse_budget
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
 from folnet.train.options import Options, load_layered, option, specs_file
 
@@ -36,7 +37,8 @@ MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_
 # Options that may differ between a run and its resumption (they do not change the result).
 RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
                          "device", "log_every", "save_every", "keep_last", "out", "resume",
-                         "num_workers", "fsdp", "tensorboard", "progress", "max_bad_steps"})
+                         "num_workers", "fsdp", "tensorboard", "progress", "max_bad_steps",
+                         "memory_budget"})
 # Options a resumption may change at a cost: a new --steps (no fewer than the checkpoint's
 # step) recomputes the learning-rate schedule; checked by `folnet.train.pretrain.start`.
 RESUME_RESCHEDULED = frozenset({"steps"})
@@ -78,7 +80,12 @@ class PretrainConfig(Options):
     mlm_probability: float = option(0.15, "share of tokens chosen for MLM")
     max_predictions: int = option(20, "at most this many MLM targets per sequence")
     batch_size: int = option(256, "global batch: sequences per optimiser step, all processes")
-    grad_accum: int = option(1, "micro-batches accumulated per optimiser step")
+    grad_accum: int = option(1, "micro-batches accumulated per optimiser step (at least; "
+                             "more when the step would not fit --memory-budget)")
+    memory_budget: str = option("auto", "peak memory a step may use: a size (3GiB, 800MiB), "
+                                "'auto' (CPU: 3 GiB or 80%% of the available memory if less; "
+                                "GPU: 90%% of the free memory) or 'off'; a batch over it is "
+                                "split into micro-batches")
     steps: int = option(8000, "optimiser steps")
     lr: float = option(1e-3, "peak learning rate")
     warmup_ratio: float = option(0.01, "share of the steps spent warming up")
@@ -129,6 +136,7 @@ class PretrainConfig(Options):
                            ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))
         self.check_non_negative(("lr", "power", "weight_decay", "eps", "clip_norm"))
         canonical_encoding(self.encoding, "--encoding")
+        parse_budget(self.memory_budget)
         if self.power == 0.0:
             raise FolnetError("--power must be > 0")
         if self.batch_size % self.grad_accum:

@@ -34,9 +34,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import build_model
-from folnet.errors import FolnetError
+from folnet.errors import FolnetError, Interrupted
 from folnet.io import atomic_write_json, write_faults
-from folnet.runtime import tune_cpu_allocator
+from folnet.runtime import release_free_memory, resident_bytes, tune_cpu_allocator
 from folnet.train.data.masking import PretrainingCollator
 from folnet.train.engine import checkpoints as ckpt
 from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
@@ -52,7 +52,9 @@ from folnet.train.engine.distributed import (
 )
 from folnet.train.engine.guard import StepGuard, advance_schedule, gradient_norm
 from folnet.train.engine.lock import RunLock
+from folnet.train.engine.memory import allocation_failure
 from folnet.train.engine.optim import build_optimizer, build_scheduler, reschedule, schedule_rule
+from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.engine.runlog import TrainLogger
 from folnet.train.engine.state import (
     publish_final,
@@ -61,6 +63,7 @@ from folnet.train.engine.state import (
     write_model_fn,
 )
 from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.pretrain.fit import fit_pretraining_batch
 from folnet.train.pretrain.inputs import check_inputs, micro_batches, run_dataset, run_tokenizer
 from folnet.train.pretrain.start import load_initial_weights, plan_start
 
@@ -110,17 +113,19 @@ def pretrain(config: PretrainConfig) -> Path:
     """Run (or resume) pretraining; returns ``OUT/final`` (model + tokenizer)."""
     if config.out is None:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
+    out = check_out(config.out, what="pretraining run")  # before anything is written
     # a training process: keep tensors on the heap (2x on CPU), the large ones of long
     # sequences excepted (`folnet.runtime`)
     tune_cpu_allocator(config.seq_len)
     ctx = init_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()
     # one run per OUT (rank 0 holds it); a full disk or read-only OUT is one line naming a file
-    lock = RunLock(config.out, what="pretraining run", enabled=ctx.is_main,
+    lock = RunLock(out, what="pretraining run", enabled=ctx.is_main,
                    on_acquire=ckpt.remove_stale_temporaries)
+    start = FreshStart(out, enabled=ctx.is_main)  # a failed start leaves nothing
     try:
-        with write_faults(config.out):
-            return _train(config, ctx, lock)
+        with write_faults(out), start:
+            return _train(config, ctx, lock, start)
     finally:
         lock.release()
         torch.use_deterministic_algorithms(deterministic)  # leave the caller's setting be
@@ -196,7 +201,7 @@ def _record(window: list[float], *, step: int, lr: float, grad_norm: float | Non
             "samples": state["samples"], "tokens": state["tokens"], "skipped": state["skipped"]}
 
 
-def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
+def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock, fresh: FreshStart) -> Path:
     check_precision(config.precision, ctx.device)
     torch.use_deterministic_algorithms(config.deterministic)
     out = Path(config.out)
@@ -221,6 +226,14 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
         tokenizer.save(out / "tokenizer")  # a trained one is there already: other ranks read it
     dataset, data_config = run_dataset(config, tokenizer, out, ctx)
     collator = PretrainingCollator.from_config(tokenizer, data_config)
+    fitted, fit = fit_pretraining_batch(config, tokenizer.vocab_size, ctx.device,
+                                        ctx.world_size)
+    if resume is None:  # a resumed run keeps its recorded micro-batches (its data order)
+        config = fitted
+        if fit.message is not None and ctx.is_main:
+            atomic_write_json(out / "run_config.json", config.to_dict())
+    # on a CPU, a heap grown past the budget by fragmentation is trimmed between steps
+    trim_above = fit.budget if ctx.device.type == "cpu" else None
     model = build_model(config.ops, preset=config.preset, head="pretraining",
                         vocab_size=tokenizer.vocab_size, **config.model_overrides)
     model.gather_mlm = True  # MLM logits only at the predicted positions
@@ -266,6 +279,8 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
         logger.message(f"resumed from {ckpt.describe(resume)}")
     for note in start.notes:
         logger.message(note)
+    if resume is None and fit.message is not None:
+        logger.message(fit.message)
     if config.compile and ctx.device.type == "cpu":
         logger.message("note: on CPU the compiled encoder measured ~20% slower than the eager "
                        "fast path (README, Training)")
@@ -276,6 +291,7 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
                       skipped=state["skipped"], in_a_row=state["bad_in_a_row"])
     window_tokens, window_start = 0, time.perf_counter()
     run_start = time.perf_counter() - state["elapsed"]
+    fresh.begun()  # from here a failure keeps the run's files (its log, its checkpoints)
     try:
         while state["step"] < config.steps:
             micro = []  # mask every micro-batch first: the loss needs the step's target count
@@ -288,6 +304,8 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
             log_now = step % config.log_every == 0 or step == config.steps
             grad_norm, skipped = _optimizer_step(model, optimizer, scheduler, scaler, config, ctx,
                                                  guard, step, sums)
+            if trim_above is not None and (resident_bytes() or 0) > trim_above:
+                release_free_memory()
             if skipped is None:
                 window += sums
             else:
@@ -323,6 +341,23 @@ def _train(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Path:
         barrier(ctx)
         logger.message(f"done: {state['step']} steps; final model and tokenizer in {final}")
         return final
+    except KeyboardInterrupt:
+        raise Interrupted(_interrupted(out, state["step"], config.steps)) from None
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        failure = allocation_failure(exc, step=state["step"] + 1, fit=fit)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         logger.close()
+
+
+def _interrupted(out: Path, step: int, steps: int) -> str:
+    """What Ctrl-C at ``step`` leaves and what to run to go on."""
+    saved = ckpt.list_checkpoints(out)
+    if not saved:
+        return (f"interrupted at step {step} of {steps}, before the first checkpoint "
+                f"(--save-every); the same command starts over")
+    return (f"interrupted at step {step} of {steps}; the last checkpoint is step "
+            f"{saved[-1][0]} in {str(out)!r}: resume with the same command and --resume")
 

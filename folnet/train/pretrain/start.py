@@ -99,6 +99,11 @@ def _plan_resume(config: PretrainConfig, target: Path) -> RunStart:
         # its architecture is the checkpoint's (the command that resumes it names neither).
         config = adopt_architecture(config.replace(init_from=saved["init_from"]),
                                     read_metadata(target), f"--resume {str(target)!r}")
+    accum = saved.get("grad_accum")
+    if (isinstance(accum, int) and config.grad_accum <= accum
+            and config.batch_size % accum == 0):
+        # the recorded split (raised to fit --memory-budget, perhaps) keeps the data order
+        config = config.replace(grad_accum=accum)
     bad = config.resume_mismatches(saved)
     if bad:
         raise FolnetError(f"--resume: checkpoint {str(target)!r} was written with other "

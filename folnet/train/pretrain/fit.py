@@ -1,0 +1,43 @@
+"""Pretraining's side of fitting the step to the machine (`folnet.train.engine.memory`).
+
+The estimate is made on a meta-device copy of the run's model (no memory, ~0.1 s): the
+`folnet.arch.info` count of what autograd saves per sequence, in the memory mode the layers
+will run at this length, plus the MLM head's logits at the predicted positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folnet.arch import build_model
+from folnet.arch.info import saved_bytes
+from folnet.arch.memory import AUTO_MIN_T
+from folnet.train.engine.memory import Fit, StepMemory, fit_batch, resolve_budget
+from folnet.train.pretrain.config import PretrainConfig
+
+__all__ = ["fit_pretraining_batch", "pretraining_step_memory"]
+
+
+def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: torch.device
+                            ) -> StepMemory:
+    """`StepMemory` of one pretraining step of ``config``'s model on ``device``."""
+    with torch.device("meta"):
+        model = build_model(config.ops, preset=config.preset, head="pretraining",
+                            vocab_size=vocab_size, **config.model_overrides)
+    mode = "blocked" if config.seq_len >= AUTO_MIN_T else "full"  # the layers' 'auto' mode
+    saved = saved_bytes(model, config.seq_len, mode)
+    parameters = sum(p.numel() for p in model.parameters())
+    # MLM logits at the predicted positions, their softmax and gradient: [P, V] float32 x 3
+    head = 3 * 4 * config.max_predictions * vocab_size
+    return StepMemory.of(saved, head, parameters, device)
+
+
+def fit_pretraining_batch(config: PretrainConfig, vocab_size: int, device: torch.device,
+                          world_size: int) -> tuple[PretrainConfig, Fit]:
+    """``config`` with the fewest micro-batches (``grad_accum``, never fewer than asked) whose
+    step fits ``--memory-budget``, and the `Fit` (its ``message`` says what was split)."""
+    budget, source = resolve_budget(config.memory_budget, device)
+    memory = pretraining_step_memory(config, vocab_size, device)
+    fit = fit_batch(config.batch_size, config.grad_accum, world_size, memory, budget, source,
+                    seq_len=config.seq_len)
+    return config.replace(grad_accum=fit.grad_accum), fit
