@@ -38,6 +38,7 @@ from folnet.arch.relative import static_relative
 from folnet.arch.slots import STREAMS, FusedOutput, FusedProjection, Segment, build_slots, natural
 from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import dropout_add, keep_mask, linear, segmented_linear
+from folnet.ops.kernels.autocast import autocast_dtype
 from folnet.ops.kernels.blocked import recompute_blocks
 from folnet.ops.kernels.dropout import masked_scale
 
@@ -107,9 +108,8 @@ class DualStreamLayer(nn.Module):
         projection and every folded einsum), not once per reader (and one gradient conversion
         per reader)."""
         n2 = self._norm(u2, self.cfg.D2)
-        if n2.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            n2 = n2.to(torch.get_autocast_dtype("cpu"))
-        return n2
+        dtype = autocast_dtype(n2.device)
+        return n2 if dtype is None else n2.to(dtype)
 
     # -- projections -----------------------------------------------------------------------------
     def _project(self, n1, n2, layouts, keys):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from folnet.errors import FolnetError
+from folnet.ops.kernels.autocast import autocast_dtype, cast
 from folnet.ops.kernels.dropout import masked_scale
 from folnet.ops.kernels.linear import mm_linear, wgrad
 
@@ -100,14 +101,12 @@ def blocked_binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor,
     if n.ndim != 4 or n.shape[1] != n.shape[2]:
         raise FolnetError(f"blocked_binary_ffn needs a full square (B, T, T, D2), got "
                          f"{tuple(n.shape)}")
-    device = n.device.type
     # under autocast: one cast of every input, then plain products in that dtype
-    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        with torch.autocast(device, enabled=False):
-            return blocked_binary_ffn(*(t.to(dtype) for t in (n, w_in, b_in, w_out, b_out,
-                                                               w_skip, b_skip)), rows=rows,
-                                      keep=keep, p=p)
+    dtype = autocast_dtype(n.device, devices=("cpu", "cuda"))
+    if dtype is not None:
+        with torch.autocast(n.device.type, enabled=False):
+            return blocked_binary_ffn(*cast(dtype, n, w_in, b_in, w_out, b_out, w_skip, b_skip),
+                                      rows=rows, keep=keep, p=p)
     scale = 1.0 / (1.0 - p) if keep is not None else 1.0
     return _BlockedBinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep,
                                    scale)

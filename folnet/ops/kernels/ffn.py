@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from folnet.ops.kernels.autocast import autocast_dtype, cast
 from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
 
 
@@ -55,12 +56,11 @@ def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: t
     None means ``n.transpose(1, 2)`` (a full square), computed inside -- on the CPU fast path
     with recomputation in the backward. Query rows of a longer domain pass their own ``nt``
     and take plain ops."""
-    if torch.is_autocast_enabled("cpu") and n.device.type == "cpu":
-        dtype = torch.get_autocast_dtype("cpu")
+    dtype = autocast_dtype(n.device)
+    if dtype is not None:
         with torch.autocast("cpu", enabled=False):
-            return binary_ffn(*(t.to(dtype) for t in (n, w_in, b_in, w_out, b_out, w_skip,
-                                                      b_skip)),
-                              nt=None if nt is None else nt.to(dtype))
+            return binary_ffn(*cast(dtype, n, w_in, b_in, w_out, b_out, w_skip, b_skip),
+                              nt=cast(dtype, nt)[0])
     if nt is None and onednn_ok(n, w_in) and n.is_contiguous():
         return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip)
     if nt is None:

@@ -15,6 +15,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from folnet.ops.kernels.autocast import autocast_dtype, cast
+
 
 def _onednn_linear_op():
     """torch's oneDNN linear (``x @ w.T + b``) when this build has it, else None."""
@@ -127,12 +129,10 @@ class _Linear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``F.linear`` for the binary stream's big activations: oneDNN on CPU for float32 and
     bfloat16 (autocast included), plain ``F.linear`` everywhere else."""
-    if torch.is_autocast_enabled("cpu") and x.device.type == "cpu":
-        dtype = torch.get_autocast_dtype("cpu")
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
+    dtype = autocast_dtype(x.device)
+    if dtype is not None:
         with torch.autocast("cpu", enabled=False):
-            return linear(x, weight, bias)
+            return linear(*cast(dtype, x, weight, bias))
     if not onednn_ok(x, weight) or not x.is_contiguous():
         return F.linear(x, weight, bias)
     return _Linear.apply(x, weight, bias)
@@ -221,11 +221,10 @@ def segmented_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      segments: tuple[tuple[int, int, str], ...]) -> tuple[torch.Tensor, ...]:
     """Project ``x`` (B, *tokens, D) onto the ``(start, width, "cl"|"cf")`` row segments of
     ``weight``; see `_SegmentedLinear`. Falls back to plain ops off the CPU fast path."""
-    if torch.is_autocast_enabled("cpu") and x.device.type == "cpu":
-        dtype = torch.get_autocast_dtype("cpu")
+    dtype = autocast_dtype(x.device)
+    if dtype is not None:
         with torch.autocast("cpu", enabled=False):
-            return segmented_linear(x.to(dtype), weight.to(dtype),
-                                    None if bias is None else bias.to(dtype), segments)
+            return segmented_linear(*cast(dtype, x, weight, bias), segments)
     if x.device.type != "cpu" or not x.is_contiguous() or tracing():
         outs = []
         for start, width, layout in segments:

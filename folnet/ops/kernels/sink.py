@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from folnet.errors import FolnetError
+from folnet.ops.kernels.autocast import autocast_dtype, cast
 
 __all__ = ["sink_einsum"]
 
@@ -106,10 +107,9 @@ def sink_einsum(equation: str, left: torch.Tensor, right: torch.Tensor,
     alone = (set(lhs) ^ set(rhs)) - set(out)  # letters summed within one operand
     if all(s is None for s in sinks) or not torch.is_grad_enabled() or alone:
         return torch.einsum(equation, left, right)
-    device = left.device.type
-    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        left, right = left.to(dtype), right.to(dtype)
-        with torch.autocast(device, enabled=False):
+    dtype = autocast_dtype(left.device, devices=("cpu", "cuda"))
+    if dtype is not None:
+        left, right = cast(dtype, left, right)
+        with torch.autocast(left.device.type, enabled=False):
             return _SinkEinsum.apply(equation, left, right, *sinks)
     return _SinkEinsum.apply(equation, left, right, *sinks)
