@@ -26,6 +26,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput
 
 from folnet.arch import model_from_config
+from folnet.arch.models.base import initialise
 from folnet.checksums import verify_model_dir
 from folnet.errors import FolnetError
 from folnet.hf.config import FolnetConfig
@@ -82,12 +83,9 @@ class FolnetPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         """folnet's init: N(0, initializer_range) weights and embeddings, zero biases."""
-        std = float(self.config.model["initializer_range"])
-        for name, param in module.named_parameters(recurse=False):
-            if name.endswith("bias"):
-                init.zeros_(param)
-            else:
-                init.normal_(param, mean=0.0, std=std)
+        initialise(module.named_parameters(recurse=False),
+                   float(self.config.model["initializer_range"]),
+                   zeros=init.zeros_, normal=init.normal_)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.native.word_embedding()

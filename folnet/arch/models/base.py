@@ -3,6 +3,7 @@ activation checkpointing and checkpoints."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +17,21 @@ from folnet.arch.plan import ArchPlan, parse_plan
 from folnet.arch.stack import Stack
 from folnet.arch.vocab import resize_vocabulary
 from folnet.errors import FolnetError
+
+
+def initialise(named: Iterable[tuple[str, nn.Parameter]], std: float, *,
+               zeros: Callable[..., Any] = nn.init.zeros_,
+               normal: Callable[..., Any] = nn.init.normal_) -> None:
+    """folnet's initialisation, written once: N(0, ``std``) weights and embeddings, zero
+    biases; parameters on the meta device are skipped. The Hugging Face classes pass
+    transformers' own ``zeros``/``normal`` (which skip weights already loaded)."""
+    for name, param in named:
+        if param.is_meta:
+            continue
+        if name.endswith("bias"):
+            zeros(param)
+        else:
+            normal(param, mean=0.0, std=std)
 
 
 class FolnetBase(nn.Module):
@@ -70,13 +86,7 @@ class FolnetBase(nn.Module):
         """BERT-style init: N(0, initializer_range) weights and embeddings, zero biases. A
         model on the meta device (built for its shapes, `folnet.arch.sizes`) has no values to
         set; skipping it keeps that build fast (meta normal_ is ~10x slower than the rest)."""
-        for name, param in self.named_parameters():
-            if param.is_meta:
-                continue
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            else:
-                nn.init.normal_(param, mean=0.0, std=self.cfg.initializer_range)
+        initialise(self.named_parameters(), self.cfg.initializer_range)
 
     def set_activation_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each layer in the backward pass instead of keeping its activations."""
