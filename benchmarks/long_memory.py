@@ -67,6 +67,9 @@ def measure(case: dict) -> dict:
     if case["checkpointing"]:
         model.set_activation_checkpointing(True)
     if mode == "baseline":  # what the released code materialises, op by op
+        # the per-operator oracle lives with the tests (imported here: a "before" checkout
+        # need not run it)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from baseline import BaselineFolnet
 
         model = BaselineFolnet(model)
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpointing", default="on", choices=("on", "off"))
     ap.add_argument("--modes", default="full,blocked",
                     help="auto (folnet picks from T, as a user's model does), full, blocked "
-                         "and/or baseline (benchmarks/baseline.py, never checkpointed); "
+                         "and/or baseline (tests/baseline.py, never checkpointed); "
                          "MODE@heap keeps every allocation on the heap (folnet.runtime)")
     ap.add_argument("--baseline-max-t", type=int, default=512,
                     help="longest T the baseline runs at (it materialises far more)")

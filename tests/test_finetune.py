@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_rte_two_seeds_median_predictions_logs_and_evaluate(tmp_path, pretrained
     assert result["task"] == "glue/rte" and result["main_metric"] == "accuracy"
     assert result["seeds"] == [0, 1] and result["headline_split"] == "validation"
     per_seed = [result["per_seed"][s]["validation"]["accuracy"] for s in ("0", "1")]
-    assert all(0.0 <= a <= 1.0 for a in per_seed)
+    assert all(a * 6 == pytest.approx(round(a * 6), abs=1e-9) for a in per_seed)  # of 6 pairs
     assert result["metrics"]["validation"]["accuracy"] == pytest.approx(statistics.median(per_seed))
     assert result["headline"] == result["metrics"]["validation"]["accuracy"]
     # Table 7 defaults where no flag was given; the flags where one was
@@ -127,12 +128,33 @@ def test_stsb_regression_scores_correlations(tmp_path, pretrained):
     result = run_finetune("glue/stsb", data, pretrained, tmp_path / "out")
     metrics = result["metrics"]["validation"]
     assert set(metrics) == {"pearson", "spearman"}
-    assert all(-1.0 <= v <= 1.0 for v in metrics.values())
     rows_out = read_predictions(tmp_path / "out" / "predictions" / "validation.tsv")
-    assert [float(r["label"]) for r in rows_out] == [float(r[-1]) for r in rows[:7]]
-    assert all(isinstance(float(r["prediction"]), float) for r in rows_out)
+    labels = [float(r["label"]) for r in rows_out]
+    assert labels == [float(r[-1]) for r in rows[:7]]
+    predictions = [float(r["prediction"]) for r in rows_out]
+    # both correlations again by hand from the written predictions (rounded when written:
+    # 2e-4 apart measured, so 2e-3)
+    assert metrics["pearson"] == pytest.approx(statistics.correlation(predictions, labels),
+                                               abs=2e-3)
+    assert metrics["spearman"] == pytest.approx(
+        statistics.correlation(average_ranks(predictions), average_ranks(labels)), abs=2e-3)
     meta = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
     assert meta["num_labels"] == 1 and meta["labels"] is None
+
+
+def average_ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank (what Spearman's correlation ranks by)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for position in order[i:j + 1]:
+            ranks[position] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
 
 
 def test_cola_headerless_files_and_mcc(tmp_path, pretrained):
@@ -142,10 +164,15 @@ def test_cola_headerless_files_and_mcc(tmp_path, pretrained):
     write(data / "dev.tsv", tsv(rows[:5]))
     result = run_finetune("glue/cola", data, pretrained, tmp_path / "out")
     assert set(result["metrics"]["validation"]) == {"mcc"}
-    assert -1.0 <= result["metrics"]["validation"]["mcc"] <= 1.0
     rows_out = read_predictions(tmp_path / "out" / "predictions" / "validation.tsv")
     assert [r["label"] for r in rows_out] == ["0", "1", "0", "1", "0"]
     assert {r["prediction"] for r in rows_out} <= {"0", "1"}
+    pairs = [(r["prediction"], r["label"]) for r in rows_out]  # Matthews' formula by hand
+    tp, tn = pairs.count(("1", "1")), pairs.count(("0", "0"))
+    fp, fn = pairs.count(("1", "0")), pairs.count(("0", "1"))
+    denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    mcc = (tp * tn - fp * fn) / denominator if denominator else 0.0
+    assert result["metrics"]["validation"]["mcc"] == pytest.approx(mcc, abs=1e-9)
 
 
 def test_mnli_scores_both_validation_splits(tmp_path, pretrained):
@@ -211,8 +238,9 @@ def test_folio_jsonl_premise_lists_and_uncertain_alias(tmp_path, pretrained):
     write(data / "folio-train.jsonl", "\n".join(lines) + "\n")
     write(data / "folio-validation.jsonl", "\n".join(lines[:4]) + "\n")
     result = run_finetune("folio", data, pretrained, tmp_path / "out", "--max-len", "48")
-    assert 0.0 <= result["metrics"]["validation"]["accuracy"] <= 1.0
     rows = read_predictions(tmp_path / "out" / "predictions" / "validation.tsv")
+    assert result["metrics"]["validation"]["accuracy"] == pytest.approx(
+        sum(r["prediction"] == r["label"] for r in rows) / len(rows))
     assert [r["label"] for r in rows] == ["True", "False", "Unknown", "True"]
     assert {r["prediction"] for r in rows} <= {"True", "False", "Unknown"}
     assert result["labels"] == ["True", "False", "Unknown"]
@@ -243,8 +271,9 @@ def test_clutrr_csv_labels_from_train_file(tmp_path, pretrained):
     result = run_finetune("clutrr", data, pretrained, out, "--max-len", "40")
     assert result["labels"] == sorted({r[2] for r in CLUTRR_ROWS})
     assert result["headline_split"] == "test"
-    assert 0.0 <= result["metrics"]["test"]["accuracy"] <= 1.0
     rows = read_predictions(out / "predictions" / "test.tsv")
+    assert result["metrics"]["test"]["accuracy"] == pytest.approx(
+        sum(r["prediction"] == r["label"] for r in rows) / len(rows))
     assert [r["id"] for r in rows] == ["1.2_test-2", "1.2_test-3", "1.2_test-4"]
     assert [r["label"] for r in rows] == ["daughter", "son", "son-in-law"]
     meta = json.loads((out / "model" / "config.json").read_text())

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer
+from wordpiece import make_tokenizer
 
 from folnet.errors import FolnetError
 from folnet.train.tasks import (
@@ -20,28 +21,15 @@ from folnet.train.tasks import (
 )
 from folnet.train.tasks.metrics import normalize_answer, squad_evaluate
 
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 FILLER = "The river flows past old stone bridges and quiet green fields. "
 ANSWER = "Biscuit Barkley"
 CONTEXT = FILLER * 60 + f"Near the mill lives a dog called {ANSWER}, loved by all."
 QUESTION = "What is the dog called?"
 
 
-def make_tokenizer(texts: list[str]) -> Tokenizer:
-    """A tiny lowercase WordPiece trained on the test texts (specials get ids 0..4)."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(
-        texts, trainers.WordPieceTrainer(vocab_size=300, special_tokens=SPECIALS)
-    )
-    return tok
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return make_tokenizer([CONTEXT, QUESTION, "Who owns the cat?"])
+    return make_tokenizer([CONTEXT, QUESTION, "Who owns the cat?"], 300)
 
 
 def answerable() -> SquadExample:

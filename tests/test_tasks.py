@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models
+from wordpiece import make_tokenizer
 
 from folnet.errors import FolnetError
 from folnet.train.tasks import (
@@ -22,20 +23,6 @@ from folnet.train.tasks import (
     register_family,
     truncate_longest_first,
 )
-
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def make_tokenizer(texts: list[str]) -> Tokenizer:
-    """A tiny lowercase WordPiece trained on the test texts (specials get ids 0..4)."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(
-        texts, trainers.WordPieceTrainer(vocab_size=400, special_tokens=SPECIALS)
-    )
-    return tok
 
 
 def write(path: Path, text: str) -> Path:
@@ -365,7 +352,7 @@ WORDS = "the cat sat on mat a dog ran far away big red house tree one two three 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    tok = make_tokenizer([WORDS] * 5)
+    tok = make_tokenizer([WORDS] * 5, 400)
     for word in WORDS.split():  # every test word is a single token
         assert tok.encode(word, add_special_tokens=False).tokens == [word]
     return tok
