@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 from folnet.arch.memory import AUTO_MIN_T
@@ -35,6 +36,19 @@ LARGE_ALLOCATION = 64 << 20
 _done: bool | None = None  # None: not tuned; else whether it was tuned for long sequences
 
 
+@functools.cache
+def _libc_function(name: str):
+    """glibc's ``name`` (None off glibc), looked up once: `ctypes.util.find_library` runs
+    ldconfig in a subprocess, too slow to repeat between training steps."""
+    library = ctypes.util.find_library("c")
+    if not library:
+        return None
+    try:
+        return getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def tune_cpu_allocator(seq_len: int | None = None) -> bool:
     """Keep allocations on glibc's heap for reuse -- below `LARGE_ALLOCATION` bytes only when
     ``seq_len`` (the longest sequence the process runs) reaches `AUTO_MIN_T`. Returns whether
@@ -46,13 +60,8 @@ def tune_cpu_allocator(seq_len: int | None = None) -> bool:
         return True
     if os.environ.get("FOLNET_NO_ALLOCATOR_TUNING"):
         return False
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     # One arena: with per-thread arenas and mmap off, allocations made on OpenMP worker
     # threads took a pathological slow path (a tiny model's step went from 0.11 s to 4 s).
@@ -85,12 +94,8 @@ def release_free_memory() -> bool:
     stay inside a memory budget calls this when its resident memory passes the budget: the
     next step faults the returned pages in again (a cost paid only then). Returns whether
     anything could be asked (False off glibc)."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True

@@ -202,9 +202,7 @@ def allocation_failure(exc: BaseException, *, step: int, fit: Fit | None) -> Fol
     match = _ASKED.search(text)
     asked = "memory"
     if match:
-        unit = {"": 1, "bytes": 1}.get(match.group(2).lower(), _UNITS.get(
-            match.group(2).lower(), 1))
-        asked = format_bytes(float(match.group(1)) * unit)
+        asked = format_bytes(float(match.group(1)) * _UNITS.get(match.group(2).lower(), 1))
     planned = (f"; the step was estimated at {format_bytes(fit.peak)} with micro-batches of "
                f"{fit.micro_batch}" if fit is not None else "")
     return FolnetError(f"step {step}: could not allocate {asked} (the machine has no more "
