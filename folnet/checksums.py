@@ -28,9 +28,9 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
+from folnet.atomic_write import atomic_write_json, is_leftover, warn
 from folnet.errors import FolnetError
-from folnet.files import read_json
-from folnet.io import atomic_write_json, is_leftover, warn
+from folnet.read_files import read_json
 
 __all__ = ["MANIFEST", "MODEL_FILES", "file_sha256", "read_manifest", "strict_checksums",
            "verify_files", "verify_model_dir", "write_manifest"]

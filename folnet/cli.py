@@ -148,8 +148,8 @@ def _convert_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_run(args: argparse.Namespace) -> int:
-    from folnet.arch.checkpoint import save_pretrained
-    from folnet.arch.official import load_official
+    from folnet.arch.io.model_dir import save_pretrained
+    from folnet.arch.io.official import load_official
 
     model = load_official(args.prefix)
     save_pretrained(model, args.outdir)

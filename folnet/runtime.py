@@ -25,7 +25,7 @@ import ctypes.util
 import functools
 import os
 
-from folnet.arch.memory import AUTO_MIN_T
+from folnet.arch.layer.memory import AUTO_MIN_T
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folnet.arch.atoms import relative_position_ids, token_positions
+from folnet.arch.layer.atoms import relative_position_ids, token_positions
 
 
 class BaselineFolnet(nn.Module):

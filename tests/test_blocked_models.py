@@ -9,7 +9,7 @@ import torch
 from tolerances import assert_rel
 
 import folnet
-from folnet.arch.memory import AUTO_MIN_T, BLOCK_PAIRS, block_reach, block_rows_for
+from folnet.arch.layer.memory import AUTO_MIN_T, BLOCK_PAIRS, block_reach, block_rows_for
 from folnet.errors import FolnetError
 from folnet.ops import get_operator
 
@@ -136,7 +136,7 @@ def test_blocked_kernel_dropout_gradient_is_the_forwards():
 
 def test_blocked_really_blocks(monkeypatch):
     """The blocked mode calls the blocked kernel with the rows asked for."""
-    import folnet.arch.ffn as ffn_module
+    import folnet.arch.layer.ffn as ffn_module
 
     seen = []
     real = ffn_module.blocked_binary_ffn

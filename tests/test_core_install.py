@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from folnet.cli import EXTRAS
-from folnet.files import load as load_toml
+from folnet.read_files import load as load_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = ("tokenizers", "datasets", "transformers", "accelerate", "tqdm", "matplotlib",

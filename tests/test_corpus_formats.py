@@ -30,7 +30,7 @@ from folnet.train.data.documents import iter_documents, split_sentences
 from folnet.train.data.kinship import pretraining_documents
 from folnet.train.data.streaming import iter_pretraining_examples
 from folnet.train.data.tokenizer import train_tokenizer
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.runlog import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,12 +9,12 @@ cumulative distribution (odds ~1e-4 for a whole test)."""
 
 from __future__ import annotations
 
+import batches
 import pytest
 import torch
 from tolerances import assert_close, assert_tokens_lead
 
 import folnet
-from folnet.arch import objectives
 from folnet.arch.layer import DualStreamLayer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -153,7 +153,7 @@ def test_objectives_build_consistent_batches():
     seqs = [list(range(10, 30)), list(range(30, 42))]  # below the sentinel ids
     g = torch.Generator().manual_seed(0)
     sentinels = list(range(V - 1, V - 11, -1))
-    batch = objectives.span_corruption_batch(seqs, sentinels, generator=g, noise_density=0.3)
+    batch = batches.span_corruption_batch(seqs, sentinels, generator=g, noise_density=0.3)
     for i, seq in enumerate(seqs):  # input spans + target spans rebuild the sequence
         src = batch.input_ids[i][batch.attention_mask[i] == 1].tolist()
         tgt = batch.labels[i][batch.labels[i] != -100].tolist()
@@ -167,14 +167,14 @@ def test_objectives_build_consistent_batches():
         assert rebuilt == seq and 0 < sum(map(len, spans.values())) < len(seq)
         assert batch.decoder_input_ids[i, 0] == 0
         assert torch.equal(batch.decoder_input_ids[i, 1:], batch.labels[i, :-1].clamp(min=0))
-    pre = objectives.prefix_lm_batch(seqs, generator=g)
+    pre = batches.prefix_lm_batch(seqs, generator=g)
     for i, seq in enumerate(seqs):
         src = pre.input_ids[i][pre.attention_mask[i] == 1].tolist()
         assert src + pre.labels[i][pre.labels[i] != -100].tolist() == seq
-    lm = objectives.lm_batch(seqs, prefix_lm=True, generator=g)
+    lm = batches.lm_batch(seqs, prefix_lm=True, generator=g)
     assert lm.labels[1, -1] == -100 and bool((lm.prefix_lengths >= 1).all())
     with pytest.raises(folnet.FolnetError, match=r"sequences\[0\] has 1 tokens"):
-        objectives.prefix_lm_batch([[5]])
+        batches.prefix_lm_batch([[5]])
 
 
 def test_seq2seq_objective_trains():
@@ -182,7 +182,7 @@ def test_seq2seq_objective_trains():
     model.train()
     seqs = [torch.randint(0, V - 10, (16,), generator=torch.Generator().manual_seed(i))
             for i in range(2)]
-    batch = objectives.span_corruption_batch(seqs, list(range(V - 1, V - 11, -1)),
+    batch = batches.span_corruption_batch(seqs, list(range(V - 1, V - 11, -1)),
                                              generator=torch.Generator().manual_seed(0))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import folnet
-from folnet.arch import checkpoint
 from folnet.arch.config import SIZE_LIMITS
+from folnet.arch.io import model_dir as checkpoint
 from folnet.ops import sizes
 
 #: The custom operator the saved model carries (``q``: B <- B x U, channels h and w).

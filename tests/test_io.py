@@ -1,4 +1,4 @@
-"""folnet.io: atomic writes of files and directories leave the old version or the new one."""
+"""folnet.atomic_write: writes of files and directories leave the old version or the new one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from folnet.io import atomic_write_dir, atomic_write_json, atomic_write_text, discard_dir
+from folnet.atomic_write import atomic_write_dir, atomic_write_json, atomic_write_text, discard_dir
 
 
 def names(directory: Path) -> list[str]:
@@ -54,7 +54,7 @@ def test_directory_writes_replace_or_keep_and_a_failure_changes_nothing(tmp_path
 
 def test_read_json_faults_are_one_error_naming_the_file(tmp_path, monkeypatch):
     from folnet.errors import FolnetError
-    from folnet.files import read_json
+    from folnet.read_files import read_json
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")

@@ -58,8 +58,8 @@ def test_hidden_states_are_each_layers_unary_stream():
         assert torch.equal(out.hidden_states[-1], out.sequence_output)
         assert torch.equal(out.relation_states[-1], out.relation_output)
         enc = model.encoder
-        from folnet.arch.atoms import relative_position_ids, token_positions
-        from folnet.arch.domain import Domain
+        from folnet.arch.layer.atoms import relative_position_ids, token_positions
+        from folnet.arch.layer.domain import Domain
 
         pad = mask.bool()
         positions = token_positions(pad, T, ids.device)

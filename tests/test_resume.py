@@ -16,7 +16,7 @@ import folnet
 from folnet.cli import main
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import load_tokenizer
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.runlog import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")

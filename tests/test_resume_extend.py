@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from folnet.cli import main
 from folnet.train.data.tokenizer import load_tokenizer
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.runlog import read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,9 +14,9 @@ import pytest
 
 import folnet
 import folnet.train.finetune.cli
+from folnet.atomic_write import is_leftover, remove_leftovers
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.io import is_leftover, remove_leftovers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,11 +21,11 @@ import torch
 
 import folnet
 import folnet.train.finetune.cli  # registers finetune and evaluate
+from folnet.atomic_write import atomic_write_text
 from folnet.cli import main
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_text
 from folnet.train.data.tokenizer import load_tokenizer
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.lock import LOCK_NAME, RunLock
 from folnet.train.engine.runlog import read_log
 

@@ -7,7 +7,11 @@ Data flows one way: operator string -> `ArchPlan` (`plan`) -> `DualStreamLayer`s
 """
 
 from folnet.arch.build import build_model, from_pretrained, model_from_config
-from folnet.arch.checkpoint import (
+from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
+from folnet.arch.config import preset as load_preset
+from folnet.arch.heads import HEADS, Head, register_head
+from folnet.arch.info import model_info
+from folnet.arch.io.model_dir import (
     ensure_operators,
     load_weights,
     read_metadata,
@@ -16,13 +20,9 @@ from folnet.arch.checkpoint import (
     run_checkpoints,
     save_pretrained,
 )
-from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
-from folnet.arch.config import preset as load_preset
-from folnet.arch.heads import HEADS, Head, register_head
-from folnet.arch.info import model_info
-from folnet.arch.memory import MEMORY_MODES, set_memory
+from folnet.arch.io.official import load_official
+from folnet.arch.layer.memory import MEMORY_MODES, set_memory
 from folnet.arch.models import FolnetDecoderLM, FolnetEncoderDecoder, FolnetModel
-from folnet.arch.official import load_official
 from folnet.arch.outputs import FolnetOutput, TextOutput
 from folnet.arch.plan import ArchPlan, LayerPlan, parse_layer, parse_plan
 

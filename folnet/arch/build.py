@@ -13,14 +13,14 @@ from typing import Any
 from torch import nn
 
 from folnet.arch import models  # noqa: F401  (registers the kinds of model)
-from folnet.arch.checkpoint import (
+from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels, make_config
+from folnet.arch.io.model_dir import (
     ensure_operators,
     load_weights,
     read_metadata,
     resolve_model_dir,
     saved_num_labels,
 )
-from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels, make_config
 from folnet.arch.kinds import model_class
 from folnet.arch.plan import ArchPlan, parse_plan
 from folnet.arch.sizes import (

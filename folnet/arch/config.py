@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from folnet import files
+from folnet import read_files
 from folnet.errors import FolnetError, choices
 from folnet.ops.compiler import parse_backend
 from folnet.ops.spec import check_sizes, parse_spec
@@ -232,11 +232,11 @@ OVERRIDES = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "vocab_
 
 def preset(name: str) -> dict[str, Any]:
     """The fields of a size preset (``specs/models/NAME.toml``)."""
-    path = files.specs_dir() / "models" / f"{name}.toml"
+    path = read_files.specs_dir() / "models" / f"{name}.toml"
     if not path.is_file():
         available = sorted(p.stem for p in path.parent.glob("*.toml"))
         raise FolnetError(f"preset {name!r} is unknown; use {choices(available)}")
-    data = files.load(path)
+    data = read_files.load(path)
     unknown = sorted(set(data) - set(OVERRIDES))
     if unknown:
         raise FolnetError(f"{path}: unknown key(s) {unknown}; allowed: {list(OVERRIDES)}")

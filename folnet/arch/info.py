@@ -21,10 +21,10 @@ from fractions import Fraction
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from folnet.arch.atoms import relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
-from folnet.arch.domain import Domain
-from folnet.arch.memory import AUTO_MIN_T
+from folnet.arch.layer.atoms import relative_position_ids, token_positions
+from folnet.arch.layer.domain import Domain
+from folnet.arch.layer.memory import AUTO_MIN_T
 from folnet.arch.models.encoder import FolnetModel
 from folnet.errors import FolnetError
 

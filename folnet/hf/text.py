@@ -21,10 +21,10 @@ from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import ModelOutput
 
-from folnet.arch.atoms import token_positions
 from folnet.arch.inputs import check_ids, check_mask, check_prefix
+from folnet.arch.layer.atoms import token_positions
+from folnet.arch.layer.stack import Record
 from folnet.arch.models.text import Session
-from folnet.arch.stack import Record
 from folnet.errors import FolnetError
 from folnet.hf.modeling import FolnetPreTrainedModel, as_returned
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from folnet import files
+from folnet import read_files
 from folnet.errors import FolnetError, choices
 from folnet.ops.spec import OperatorSpec, parse_spec
 
@@ -21,7 +21,7 @@ _BUILTINS: frozenset[str] = frozenset()
 
 def parse_spec_file(text: str, *, source: str = "<string>") -> list[OperatorSpec]:
     """Parse a TOML document of ``[[operator]]`` tables (or one bare table) into specs."""
-    data = files.loads(text, source=source)
+    data = read_files.loads(text, source=source)
     if "operator" in data:
         tables = data["operator"]
         if isinstance(tables, Mapping):
@@ -57,7 +57,7 @@ def _ensure_loaded() -> None:
     with _LOCK:
         if _SPECS:
             return
-        path = files.specs_dir() / "operators.toml"
+        path = read_files.specs_dir() / "operators.toml"
         if not path.is_file():
             raise FolnetError(f"built-in operator specs not found at {str(path)!r}")
         specs = parse_spec_file(path.read_text(encoding="utf-8"), source=str(path))

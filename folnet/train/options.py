@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from folnet import files
+from folnet import read_files
 from folnet.errors import FolnetError, choices
 
 __all__ = ["Options", "add_flags", "check_count", "format_default", "given_flags",
@@ -39,12 +39,12 @@ _METAVARS = {"str": "TEXT", "int": "N", "float": "X"}
 
 def specs_file(*parts: str) -> Path:
     """A file of the bundled ``specs/`` directory (``$FOLNET_SPECS`` points elsewhere)."""
-    return files.specs_dir().joinpath(*parts)
+    return read_files.specs_dir().joinpath(*parts)
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A TOML file as a dict; a missing or invalid file is a `FolnetError` naming it."""
-    return files.load(path)
+    return read_files.load(path)
 
 
 def option(default: Any, help_text: str, *, flag: str | None = None,

@@ -1,4 +1,4 @@
-"""The kinds of FOLNet model, each a thin variant over the one stack (`folnet.arch.stack`);
+"""The kinds of FOLNet model, each a thin variant over the one stack (`folnet.arch.layer.stack`);
 importing this package registers them with `folnet.arch.kinds`."""
 
 from folnet.arch.models.base import FolnetBase

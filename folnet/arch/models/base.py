@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from folnet.arch.checkpoint import save_pretrained
 from folnet.arch.config import ModelConfig
 from folnet.arch.heads import Head, get_head
+from folnet.arch.io.model_dir import save_pretrained
+from folnet.arch.layer.stack import Stack
 from folnet.arch.plan import ArchPlan, parse_plan
-from folnet.arch.stack import Stack
 from folnet.arch.vocab import resize_vocabulary
 from folnet.errors import FolnetError
 
@@ -97,6 +97,6 @@ class FolnetBase(nn.Module):
 
     def save_pretrained(self, directory: str | Path, extra: dict[str, Any] | None = None
                         ) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (see `folnet.arch.checkpoint`)."""
+        """Write ``config.json`` + ``model.safetensors`` (see `folnet.arch.io.model_dir`)."""
         return save_pretrained(self, directory, extra)
 

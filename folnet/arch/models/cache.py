@@ -3,7 +3,7 @@
 A new token at domain position t computes one new row of every stream at every layer: its
 unary state u1[t] and its binary row u2[t, :t+1] (both carried from layer to layer, never
 stored). What it also needs from the past rows are their *context channels*, the per-layer
-projections indexed by positions other than the query (see `folnet.arch.layer`):
+projections indexed by positions other than the query (see `folnet.arch.layer.dual_stream`):
 
 * unary, ``(B, capacity, Wu)``: the premise rows of ``j`` and ``a`` and the kernel rows of
   ``c`` of every position so far;
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from folnet.arch.domain import ContextHook, Domain
 from folnet.arch.layer import DualStreamLayer
+from folnet.arch.layer.domain import ContextHook, Domain
 
 
 class GenerationCache:

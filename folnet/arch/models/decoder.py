@@ -11,9 +11,7 @@ import functools
 
 import torch
 
-from folnet.arch.atoms import Atoms, token_positions
 from folnet.arch.config import ModelConfig
-from folnet.arch.domain import Domain, visibility
 from folnet.arch.inputs import (
     check_ids,
     check_labels,
@@ -22,12 +20,14 @@ from folnet.arch.inputs import (
     values_checked,
 )
 from folnet.arch.kinds import register_kind
+from folnet.arch.layer.atoms import Atoms, token_positions
+from folnet.arch.layer.domain import Domain, visibility
+from folnet.arch.layer.stack import Record, make_layers, run_stack
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.models.text import FACTS, Session, TextModel
 from folnet.arch.objectives import lm_loss
 from folnet.arch.outputs import TextOutput, recorded
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Record, make_layers, run_stack
 
 
 @register_kind("decoder")

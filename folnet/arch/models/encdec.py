@@ -22,17 +22,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from folnet.arch.atoms import Atoms, relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
-from folnet.arch.domain import Domain, visibility
 from folnet.arch.inputs import check_ids, check_labels, check_mask, values_checked
 from folnet.arch.kinds import register_kind
+from folnet.arch.layer.atoms import Atoms, relative_position_ids, token_positions
+from folnet.arch.layer.domain import Domain, visibility
+from folnet.arch.layer.stack import Record, make_layers, run_stack
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.models.text import FACTS, Session, TextModel
 from folnet.arch.objectives import seq2seq_loss, shift_right
 from folnet.arch.outputs import TextOutput, recorded
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Record, make_layers, run_stack
 from folnet.errors import FolnetError
 
 

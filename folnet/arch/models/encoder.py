@@ -9,16 +9,16 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from folnet.arch.atoms import relative_position_ids, token_positions
 from folnet.arch.config import ModelConfig
-from folnet.arch.domain import Domain
 from folnet.arch.heads import Targets
 from folnet.arch.inputs import check_ids, check_mask, check_token_types, values_checked
 from folnet.arch.kinds import register_kind
+from folnet.arch.layer.atoms import relative_position_ids, token_positions
+from folnet.arch.layer.domain import Domain
+from folnet.arch.layer.stack import Record, Stack
 from folnet.arch.models.base import FolnetBase
 from folnet.arch.outputs import FolnetOutput, recorded
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Record, Stack
 from folnet.errors import FolnetError
 
 

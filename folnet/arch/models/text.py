@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from folnet.arch import generation
-from folnet.arch.atoms import Atoms, relative_position_ids
 from folnet.arch.config import ModelConfig
+from folnet.arch.layer.atoms import Atoms, relative_position_ids
+from folnet.arch.layer.stack import Record, run_stack
 from folnet.arch.models.base import FolnetBase
 from folnet.arch.models.cache import GenerationCache
 from folnet.arch.plan import ArchPlan
-from folnet.arch.stack import Record, run_stack
 from folnet.errors import FolnetError
 
 #: ``facts(capacity, rows)`` -> the domain's (visible, pad, positions, rel_ids) for

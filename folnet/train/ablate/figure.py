@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from folnet.io import atomic_write
+from folnet.atomic_write import atomic_write
 from folnet.train.ablate.summary import k_of, per_k
 
 __all__ = ["plot"]

@@ -38,7 +38,7 @@ from typing import Any
 
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
-from folnet.files import parse_json
+from folnet.read_files import parse_json
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.options import read_toml, specs_file
 from folnet.train.pretrain.config import PretrainConfig

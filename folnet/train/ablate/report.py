@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from folnet.io import atomic_write_json, atomic_write_text
+from folnet.atomic_write import atomic_write_json, atomic_write_text
 from folnet.train.ablate.figure import plot
 from folnet.train.ablate.summary import compare_rows, k_of, per_k
 

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
+from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_json
 from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
 from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset
 
+from folnet.atomic_write import atomic_write_dir
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_dir
 from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.documents import (
     CorpusSource,

@@ -25,9 +25,9 @@ from tokenizers import (
     trainers,
 )
 
+from folnet.atomic_write import atomic_write, atomic_write_text
 from folnet.errors import FolnetError, choices
-from folnet.files import parse_json
-from folnet.io import atomic_write, atomic_write_text
+from folnet.read_files import parse_json
 from folnet.train.data.alphabet import bounded_alphabet
 from folnet.train.data.checks import first_undecodable_line
 

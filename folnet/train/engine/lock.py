@@ -9,7 +9,7 @@ is informative only, the lock is the truth.
 
 Why the lock is taken after a run has checked its options but before it writes or deletes
 anything: a refused run must leave no directory behind, and the start-up clean-up of what
-killed runs left (``on_acquire``, `folnet.io.remove_leftovers`) must run only when no live run
+killed runs left (``on_acquire``, `remove_leftovers`) must run only when no live run
 can be writing those temporaries. Under ``torchrun`` only rank 0 takes it (``enabled``): the
 other ranks write nothing in OUT that rank 0 does not coordinate.
 
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from folnet.atomic_write import write_error
 from folnet.errors import FolnetError
-from folnet.io import write_error
 
 __all__ = ["LOCK_NAME", "RunLock", "lock_holder"]
 

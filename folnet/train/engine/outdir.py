@@ -16,8 +16,8 @@ Three rules, each checked before a run writes its first byte:
    vocabulary mismatch found after the lock), everything the run wrote is removed again --
    only then, when every entry in OUT is provably the run's own.
 
-The clean-up of killed runs' temporaries (`folnet.io.remove_leftovers`) deletes only names
-folnet's own writers make (a random suffix they end in, `folnet.io.is_leftover`), never a
+The clean-up of killed runs' temporaries (`folnet.atomic_write.remove_leftovers`) deletes only names
+folnet's own writers make (a random suffix they end in, `folnet.atomic_write.is_leftover`), never a
 user's ``.tmp-notes.txt``.
 """
 
@@ -28,8 +28,8 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
+from folnet.atomic_write import remove_tree
 from folnet.errors import FolnetError
-from folnet.io import remove_tree
 
 __all__ = ["RUN_MARKERS", "FreshStart", "check_out", "is_run_dir", "refuse_links"]
 

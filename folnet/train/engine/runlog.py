@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from folnet.io import atomic_write_text
+from folnet.atomic_write import atomic_write_text
 
 __all__ = ["TrainLogger", "read_log"]
 

@@ -1,7 +1,7 @@
 """What a training loop saves and restores, for plain, DDP and FSDP models alike.
 
 `save_training_checkpoint` gathers what every rank holds (RNG states; under FSDP the parameter
-and optimiser shards) and lets rank 0 write it through `folnet.train.engine.checkpoints`;
+and optimiser shards) and lets rank 0 write it through `folnet.train.engine.step_checkpoints`;
 `restore_training_state` puts it back on every rank. `write_model_fn` is the model writer both
 the checkpoints and the final model use, and `publish_final` writes ``OUT/final``.
 
@@ -23,10 +23,10 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import FolnetModel
+from folnet.atomic_write import atomic_write_dir
 from folnet.checksums import write_manifest
 from folnet.errors import NonFiniteError
-from folnet.io import atomic_write_dir
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
 from folnet.train.engine.guard import check_finite_weights
 

@@ -21,12 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from folnet.atomic_write import atomic_write_json, atomic_write_text, remove_leftovers, write_faults
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_json, atomic_write_text, remove_leftovers, write_faults
 from folnet.train.engine.distributed import resolve_device
 from folnet.train.engine.lock import RunLock
 from folnet.train.engine.outdir import check_out
-from folnet.train.finetune.checkpoint import load_finetuned
 from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.finetune.data import (
     TaskData,
@@ -36,6 +35,7 @@ from folnet.train.finetune.data import (
     run_options,
 )
 from folnet.train.finetune.loop import batches, predict
+from folnet.train.finetune.warm_start import load_finetuned
 from folnet.train.tasks import TaskSpec, family_of
 
 __all__ = ["evaluate_checkpoint", "evaluate_splits", "read_predictions", "write_eval_json",

@@ -25,8 +25,8 @@ import torch
 
 from folnet.arch import FolnetModel
 from folnet.errors import FolnetError
-from folnet.train.finetune.checkpoint import build_task_model, resolve_checkpoint, task_tokenizer
 from folnet.train.finetune.loop import LoopSettings, batches, finetune_model, num_batches, predict
+from folnet.train.finetune.warm_start import build_task_model, resolve_checkpoint, task_tokenizer
 from folnet.train.tasks.encode import IGNORE_INDEX, pack, plain_tokenizer, special_ids
 
 __all__ = ["encode_multiple_choice", "encode_token_classification", "finetune_multiple_choice",

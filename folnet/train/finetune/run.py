@@ -19,7 +19,7 @@ Layout of OUT::
 One run per OUT: the run holds OUT's `folnet.train.engine.lock.RunLock` from the moment it has
 checked its inputs (or, when OUT exists, before it reads it) to its end, and deletes what a
 killed run's writes left there only then. A full disk or a read-only OUT is one line naming
-the file (`folnet.io.write_faults`).
+the file (`folnet.atomic_write.write_faults`).
 """
 
 from __future__ import annotations
@@ -36,20 +36,13 @@ import numpy as np
 import torch
 
 from folnet.arch import read_metadata
+from folnet.atomic_write import atomic_write_json, remove_leftovers, write_faults
 from folnet.errors import FolnetError
-from folnet.io import atomic_write_json, remove_leftovers, write_faults
 from folnet.runtime import tune_cpu_allocator
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine.distributed import resolve_device
 from folnet.train.engine.lock import RunLock
 from folnet.train.engine.outdir import FreshStart, check_out
-from folnet.train.finetune.checkpoint import (
-    build_task_model,
-    check_vocabulary,
-    resolve_checkpoint,
-    save_finetuned,
-    task_tokenizer,
-)
 from folnet.train.finetune.config import FinetuneConfig, Hyper
 from folnet.train.finetune.data import (
     TaskData,
@@ -67,6 +60,13 @@ from folnet.train.finetune.loop import (
     finetune_logger,
     finetune_model,
     num_batches,
+)
+from folnet.train.finetune.warm_start import (
+    build_task_model,
+    check_vocabulary,
+    resolve_checkpoint,
+    save_finetuned,
+    task_tokenizer,
 )
 from folnet.train.tasks import TaskSpec
 

@@ -11,7 +11,7 @@ import torch
 
 from folnet.arch import build_model
 from folnet.arch.info import saved_bytes
-from folnet.arch.memory import AUTO_MIN_T
+from folnet.arch.layer.memory import AUTO_MIN_T
 from folnet.train.engine.memory import Fit, StepMemory, fit_batch, resolve_budget
 from folnet.train.pretrain.config import PretrainConfig
 

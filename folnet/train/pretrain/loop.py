@@ -34,11 +34,11 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from folnet.arch import build_model
+from folnet.atomic_write import atomic_write_json, write_faults
 from folnet.errors import FolnetError, Interrupted
-from folnet.io import atomic_write_json, write_faults
 from folnet.runtime import release_free_memory, resident_bytes, tune_cpu_allocator
 from folnet.train.data.masking import PretrainingCollator
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
 from folnet.train.engine.distributed import (
     DistContext,

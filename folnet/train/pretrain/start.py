@@ -43,7 +43,7 @@ from folnet.arch import (
 from folnet.arch.build import RUNTIME_FIELDS
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer
-from folnet.train.engine import checkpoints as ckpt
+from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.pretrain.config import MODEL_KEYS, PretrainConfig
 
 __all__ = ["RunStart", "adopt_architecture", "load_initial_weights", "plan_start"]

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from folnet.errors import FolnetError
-from folnet.files import csv_rows
+from folnet.read_files import csv_rows
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.hfdatasets import Published, RowTable

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError
-from folnet.files import parse_json
+from folnet.read_files import parse_json
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.hfdatasets import Published, RowTable

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from folnet.errors import FolnetError
-from folnet.files import csv_rows
+from folnet.read_files import csv_rows
 from folnet.train.data.checks import first_undecodable_line
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
 from folnet.train.tasks.classify import encode_split, score_split

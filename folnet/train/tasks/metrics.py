@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from folnet.errors import FolnetError, choices
-from folnet.files import parse_json
+from folnet.read_files import parse_json
 
 __all__ = [
     "METRICS",

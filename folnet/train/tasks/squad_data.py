@@ -6,7 +6,7 @@ Why a module of its own: what makes a question usable -- its answer text really 
 windowing and decoding in `folnet.train.tasks.squad`. A question that fails is an error naming
 the file and the question id; with ``skip_bad_answers`` (``--skip-bad-answers``) a question
 whose answer is elsewhere is left out instead, and the count reported as one warning line on
-stderr (`folnet.io.warn`, as every other warning of a run: a Python warning printed the
+stderr (`folnet.atomic_write.warn`, as every other warning of a run: a Python warning printed the
 module's path and source line around it).
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from folnet.atomic_write import warn
 from folnet.errors import FolnetError
-from folnet.files import parse_json
-from folnet.io import warn
+from folnet.read_files import parse_json
 from folnet.train.data.checks import first_undecodable_line
 from folnet.train.tasks.base import TaskSpec
 from folnet.train.tasks.hfdatasets import RowTable

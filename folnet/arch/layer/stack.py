@@ -18,10 +18,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from folnet.arch.atoms import Atoms
 from folnet.arch.config import ModelConfig
-from folnet.arch.domain import ContextHook, Domain
 from folnet.arch.layer import DualStreamLayer
+from folnet.arch.layer.atoms import Atoms
+from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.plan import ArchPlan
 
 

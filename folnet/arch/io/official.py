@@ -19,8 +19,8 @@ from folnet.arch.layer import DualStreamLayer
 from folnet.arch.models.encoder import FolnetModel
 from folnet.arch.sizes import check_memory, meta_model
 from folnet.errors import FolnetError
-from folnet.files import read_json
 from folnet.ops.registry import get_operator
+from folnet.read_files import read_json
 
 _APE_KEYS = ("folnet.encoder.abs_pos_embd.weight", "folnet.encoder.pos_embd.weight")
 _READERS = {"join", "mu", "assoc", "trans", "prod"}  # reader.1 (unary) / reader.2 (binary)

@@ -30,12 +30,19 @@ from torch import nn
 
 from folnet.arch import adapters
 from folnet.arch.config import ModelConfig
-from folnet.arch.domain import ContextHook, Domain
-from folnet.arch.ffn import BinaryFFN, UnaryFFN
-from folnet.arch.memory import block_reach, block_rows_for
+from folnet.arch.layer.domain import ContextHook, Domain
+from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
+from folnet.arch.layer.memory import block_reach, block_rows_for
+from folnet.arch.layer.relative import static_relative
+from folnet.arch.layer.slots import (
+    STREAMS,
+    FusedOutput,
+    FusedProjection,
+    Segment,
+    build_slots,
+    natural,
+)
 from folnet.arch.plan import LayerPlan
-from folnet.arch.relative import static_relative
-from folnet.arch.slots import STREAMS, FusedOutput, FusedProjection, Segment, build_slots, natural
 from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import dropout_add, keep_mask, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
@@ -221,7 +228,7 @@ class DualStreamLayer(nn.Module):
         """u1 (B, Q, D1), u2 (B, Q, n, D2) -> both updated. ``unary_only`` (the last layer, when
         nothing reads the final binary stream) skips every update of u2 -- the binary-output
         operators and the binary FFN -- and returns None in its place. Long enough inputs run
-        the mixer and the binary FFN in blocks of query rows (`folnet.arch.memory`), but for a
+        the mixer and the binary FFN in blocks of query rows (`folnet.arch.layer.memory`), but for a
         call that asks for ``attentions``: that dict gets each softmax operator's activated
         kernel over the whole square, by symbol."""
         cfg = self.cfg

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from folnet.arch.domain import Domain
+from folnet.arch.layer.domain import Domain
 from folnet.ops import OperatorSpec, masks
 
 

@@ -12,10 +12,10 @@ Layout of one checkpoint, ``OUT/checkpoints/step_N/``::
     checksums.json      the SHA-256 of every other file (`folnet.checksums`), written last
 
 Why a directory rename: every file is written into ``checkpoints/.tmp-step_N-*``, fsynced, and
-the directory is renamed to ``step_N`` in one atomic step (`folnet.io.atomic_write_dir`), so a
+the directory is renamed to ``step_N`` in one atomic step (`atomic_write_dir`), so a
 crash (SIGKILL, power loss, full disk) during a save leaves either the old set of checkpoints or
 the new one, never a half-written ``step_N``. Old checkpoints are renamed aside before they are
-deleted for the same reason (`folnet.io.discard_dir`). `list_checkpoints` only ever sees
+deleted for the same reason (`folnet.atomic_write.discard_dir`). `list_checkpoints` only ever sees
 complete directories.
 
 Why ``--resume`` falls back to an older checkpoint: a complete directory can still be damaged
@@ -40,10 +40,8 @@ import numpy as np
 import torch
 
 from folnet.arch import load_weights, read_metadata, run_checkpoints
-from folnet.arch.checkpoint import STEP_DIR
-from folnet.checksums import read_manifest, verify_files, write_manifest
-from folnet.errors import FolnetError
-from folnet.io import (
+from folnet.arch.io.model_dir import STEP_DIR
+from folnet.atomic_write import (
     WriteError,
     atomic_write_dir,
     discard_dir,
@@ -51,6 +49,8 @@ from folnet.io import (
     warn,
     writing,
 )
+from folnet.checksums import read_manifest, verify_files, write_manifest
+from folnet.errors import FolnetError
 
 __all__ = [
     "TRAINER_FILE",
@@ -161,7 +161,7 @@ def _check_legacy_files(checkpoint: Path) -> None:
 
 def remove_stale_temporaries(out: str | os.PathLike[str]) -> None:
     """Delete what crashed saves and deletions left anywhere in the run directory (never a
-    complete checkpoint): ``.tmp-*`` and ``.trash-*`` (`folnet.io.remove_leftovers`). Only
+    complete checkpoint): ``.tmp-*`` and ``.trash-*`` (`folnet.atomic_write.remove_leftovers`). Only
     while holding the directory's `folnet.train.engine.lock.RunLock`: a live run's temporaries
     look exactly like a dead one's."""
     remove_leftovers(out)

@@ -3,7 +3,7 @@
 A layer reads each stream once through one fused projection (the concatenation of every
 operator's kernel or premise projection from that stream) and writes each stream once through
 one fused output projection (docs/design.md section 4). `build_slots` lays the operators' channels
-out in them; the released per-operator Linears are a loading concern (`folnet.arch.official`).
+out in them; the released per-operator Linears are a loading concern (`folnet.arch.io.official`).
 """
 
 from __future__ import annotations
