@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tolerances import assert_close, assert_rel
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.blocked import blocked_binary_ffn
+from folnet.ops.kernels import binary_ffn
 
 pytestmark = pytest.mark.numerics
 
@@ -34,7 +34,7 @@ def test_value_and_every_gradient_match_the_full_square(rows):
     weight = torch.randn(args[0].shape, dtype=torch.float64)  # a random upstream gradient
     want = _reference(*args)
     grads_want = torch.autograd.grad((want * weight).sum(), args)
-    got = blocked_binary_ffn(*args, rows=rows)
+    got = binary_ffn(*args, rows=rows)
     grads_got = torch.autograd.grad((got * weight).sum(), args)
     assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"output, {rows} rows")
     for name, a, b in zip(("n", "w_in", "b_in", "w_out", "b_out", "w_skip", "b_skip"),
@@ -52,7 +52,7 @@ def test_dropout_inside_the_blocks_is_the_masked_full_square(rows):
     assert 0 < keep.sum() < keep.numel()
     weight = torch.randn(args[0].shape, dtype=torch.float64)
     want = _reference(*args) * keep / (1 - p)
-    got = blocked_binary_ffn(*args, rows=rows, keep=keep, p=p)
+    got = binary_ffn(*args, rows=rows, keep=keep, p=p)
     assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"dropped output, {rows} rows")
     for a, b in zip(torch.autograd.grad((got * weight).sum(), args),
                     torch.autograd.grad((want * weight).sum(), args), strict=True):
@@ -62,7 +62,7 @@ def test_dropout_inside_the_blocks_is_the_masked_full_square(rows):
 def test_float32_within_1e_5_relative():
     args = [a.detach().float().requires_grad_() for a in _inputs(t=33, seed=1)]
     full = _reference(*args)
-    blocked = blocked_binary_ffn(*args, rows=8)
+    blocked = binary_ffn(*args, rows=8)
     assert_rel(blocked, full, 1e-5, "float32 output")
     g_full = torch.autograd.grad(full.square().sum(), args)
     g_blocked = torch.autograd.grad(blocked.square().sum(), args)
@@ -74,11 +74,11 @@ def test_float32_within_1e_5_relative():
 @pytest.mark.parametrize("rows", [0, -2, 2.5, True])
 def test_bad_block_sizes(rows):
     with pytest.raises(FolnetError, match="block rows must be a positive integer"):
-        blocked_binary_ffn(*_inputs(t=4), rows=rows)
+        binary_ffn(*_inputs(t=4), rows=rows)
 
 
 def test_only_a_full_square():
     args = _inputs(t=4)
     args[0] = torch.randn(2, 3, 4, 6, dtype=torch.float64)
     with pytest.raises(FolnetError, match=r"full square \(B, T, T, D2\), got \(2, 3, 4, 6\)"):
-        blocked_binary_ffn(*args, rows=2)
+        binary_ffn(*args, rows=2)

@@ -139,13 +139,14 @@ def test_blocked_really_blocks(monkeypatch):
     import folnet.arch.layer.ffn as ffn_module
 
     seen = []
-    real = ffn_module.blocked_binary_ffn
+    real = ffn_module.binary_ffn
 
-    def spy(*args, rows, **kwargs):
-        seen.append((args[0].shape[1], rows))
+    def spy(*args, rows=None, **kwargs):
+        if rows is not None:
+            seen.append((args[0].shape[1], rows))
         return real(*args, rows=rows, **kwargs)
 
-    monkeypatch.setattr(ffn_module, "blocked_binary_ffn", spy)
+    monkeypatch.setattr(ffn_module, "binary_ffn", spy)
     model = folnet.build_model("jmc.atp", preset="tiny", vocab_size=V, dropout=0.0)
     model.relations = True  # every layer's binary FFN runs
     x = torch.randint(1, V, (1, T))

@@ -1,5 +1,5 @@
-"""`folnet.ops.kernels.recompute_blocks`: outputs and every gradient equal plain autograd over
-the whole tensor (float64), with a prologue, row and column slabs, parameters and dropout."""
+"""`folnet.ops.kernels.recompute`: outputs and every gradient equal plain autograd over the
+whole tensor (float64), with a prologue, row and column slabs, parameters and dropout."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from tolerances import assert_close, assert_rel
 
-from folnet.ops.kernels.blocked import recompute_blocks
+from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
 from folnet.ops.kernels.sink import sink_einsum
 
 pytestmark = pytest.mark.numerics
@@ -39,25 +39,30 @@ def _reference(x, u, w, v, p: float = 0.0):
 
 
 def _blocked(x, u, w, v, rows: int, p: float = 0.0, sink: bool = False):
-    def prologue(r0, r1, inputs, views):
-        return (F.linear(views[1], v).tanh(),)  # rows r0:r1 of the shared premise (dim 1)
+    def shared(block: Block):  # rows r0:r1 of the shared premise (dim 1)
+        return {"premise": F.linear(block.slabs["x rows"], v).tanh()}
 
-    def run(r0, r1, inputs, views, made, sinks):
-        u_rows, x_rows, x_cols = views  # (B, R, D), (B, R, T, D), (B, T, R, D)
+    def run(block: Block):
+        x_rows, x_cols = block.slabs["x rows"], block.slabs["x cols"]  # (B, R, T, D), (B, T, R, D)
         kernel = F.linear(x_rows, w)
         kernel = F.dropout(kernel, p) if p else kernel
+        premise = block.made["premise"]
         if sink:  # the shared premise's gradient added to its sink in place
-            out_b = sink_einsum("bxah,bayh->bxyh", kernel.softmax(2), made[0],
-                                sinks=(None, sinks[0]))
+            sinks = None if block.sinks is None else block.sinks["premise"]
+            out_b = sink_einsum("bxah,bayh->bxyh", kernel.softmax(2), premise,
+                                sinks=(None, sinks))
         else:
-            out_b = torch.einsum("bxah,bayh->bxyh", kernel.softmax(2), made[0])
+            out_b = torch.einsum("bxah,bayh->bxyh", kernel.softmax(2), premise)
         out_b = out_b + F.linear(x_cols.transpose(1, 2), w).sigmoid()
-        out_u = (F.linear(u_rows, w) * out_b.mean(2)).sum(-1, keepdim=True)
-        return out_u, out_b
+        out_u = (F.linear(block.slabs["u rows"], w) * out_b.mean(2)).sum(-1, keepdim=True)
+        return {"unary": out_u, "binary": out_b}
 
     spans = [(r0, min(T, r0 + rows)) for r0 in range(0, T, rows)]
-    return recompute_blocks(run, spans, [u, x], [w, v], slabs=[(0, 1), (1, 1), (1, 2)],
-                            prologue=(prologue, (1,)))
+    slabs = {"u rows": Slab("u", 1), "x rows": Slab("x", 1), "x cols": Slab("x", 2)}
+    outs = recompute_blocks(run, spans, {"u": u, "x": x}, [w, v], slabs=slabs,
+                            prologue=Prologue(shared, {"premise": 1}))
+    assert list(outs) == ["unary", "binary"]
+    return outs["unary"], outs["binary"]
 
 
 def _grads(outs, tensors, seed=3):

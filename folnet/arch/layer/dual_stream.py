@@ -18,11 +18,17 @@ the encoder's through ``cross_u`` / ``cross_b`` (Linear projections of the encod
 atoms: "a concatenation of the unary atoms from the encoder output (with a linear projection)
 and the decoder premises").
 
+The stages talk by name: one `Dispatch` per call (which operators, which backends, which
+layouts), operands keyed by (slot, role); long inputs run the mixer in blocks of query rows
+(`folnet.arch.layer.blocked`) through the same `project` -> `operate` -> `updates`.
+
 Key to shapes: B batch, Q query rows, n tokens of the domain (Q = n = T for a square),
 D1/D2 stream widths, Wu/Wb context widths, M1/M2 concatenated operator outputs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +36,11 @@ from torch import nn
 
 from folnet.arch import adapters
 from folnet.arch.config import ModelConfig
+from folnet.arch.layer.blocked import mix_blocked
+from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
-from folnet.arch.layer.memory import block_reach, block_rows_for
+from folnet.arch.layer.memory import block_rows_for
 from folnet.arch.layer.relative import static_relative
 from folnet.arch.layer.slots import (
     STREAMS,
@@ -46,10 +54,7 @@ from folnet.arch.plan import LayerPlan
 from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import dropout_add, keep_mask, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
-from folnet.ops.kernels.blocked import recompute_blocks
-from folnet.ops.kernels.dropout import masked_scale
-
-ROLES = ("kernel", "premise")
+from folnet.ops.kernels.dropout import add_update
 
 
 def _apply(fused: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -59,17 +64,11 @@ def _apply(fused: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, adapters.weight(fused), adapters.bias(fused))
 
 
-def _added(u2: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-    """``u2 + update`` for an update made just now: written into it when the dtypes agree (one
-    full-size allocation fewer)."""
-    return update.add_(u2) if update.dtype == u2.dtype else u2 + update
-
-
 class DualStreamLayer(nn.Module):
     """Mixer stage then FFN stage, both pre-LN with residual adds, on both streams."""
 
     def __init__(self, plan: LayerPlan, cfg: ModelConfig, *, causal: bool = False,
-                 cross: bool = False):
+                 cross: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.plan = plan
@@ -83,7 +82,7 @@ class DualStreamLayer(nn.Module):
         self.out_b = FusedOutput(widths["B"], cfg.D2, outputs["B"]) if plan.binary else None
         self.ffn_u = UnaryFFN(cfg.D1, cfg.F1)
         self.ffn_b = BinaryFFN(cfg.D2, cfg.F2)
-        self.memory_mode, self.block_rows = "auto", None  # `folnet.arch.memory.set_memory`
+        self.memory_mode, self.block_rows = "auto", None  # `folnet.arch.layer.memory.set_memory`
         self.ops = [compile_operator(masks.causal_form(s.spec) if causal else s.spec,
                                      cfg.backend, causal=causal, dims=cfg.dims)
                     for s in self.slots]
@@ -91,10 +90,10 @@ class DualStreamLayer(nn.Module):
             self.rel_key = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
             self.rel_value = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
         # causal layers: where each context tensor sits in its stream's context buffer
-        self.context: dict[tuple[int, str], int] = {}
+        self.context: dict[Key, int] = {}
         width = {"U": 0, "B": 0}
         for i, op in enumerate(self.ops):
-            for role in ("kernel", "premise"):
+            for role in ROLES:
                 if causal and op.spec.tokens(role)[0] != masks.query_letter(op.spec):
                     seg = self.slots[i].segment(role)
                     self.context[i, role] = width[seg.stream]
@@ -119,62 +118,64 @@ class DualStreamLayer(nn.Module):
         return n2 if dtype is None else n2.to(dtype)
 
     # -- projections -----------------------------------------------------------------------------
-    def _project(self, n1, n2, layouts, keys):
-        """The kernels and premises ``keys`` [(slot, role)] name, {(slot, role): Operand}:
-        unary ones from ``n1`` through the stream's fused Linear, split once; binary ones
-        from ``n2`` likewise when every segment is wanted channels last, else through one
-        segmented projection of just the segments some backend materialises
-        (`folnet.ops.kernels.segmented_linear`), each in its layout; folded ones as the
-        stream and their weight rows (`_folded`)."""
-        parts: dict[tuple[int, str], Operand] = {}
+    def project(self, n1: torch.Tensor | None, n2: torch.Tensor, dispatch: Dispatch,
+                keys: Sequence[Key]) -> Parts:
+        """The kernels and premises ``keys`` name, as Operands: unary ones from ``n1`` through
+        the stream's fused Linear, split once; binary ones from ``n2`` likewise when every
+        segment is wanted channels last, else through one segmented projection of just the
+        segments some backend materialises (`folnet.ops.kernels.segmented_linear`), each in
+        its layout; folded ones as the stream and their weight rows (`folded`)."""
+        layouts = dispatch.layouts
+        parts: Parts = {}
         streams = {k: self.slots[k[0]].segment(k[1]).stream for k in keys}
         if "U" in streams.values():
-            segs = [(i, r, s.segment(r)) for i, s in enumerate(self.slots) for r in ROLES
+            segs = [((i, r), s.segment(r)) for i, s in enumerate(self.slots) for r in ROLES
                     if s.segment(r).stream == "U"]
-            splits = torch.split(_apply(self.proj_u, n1), [seg.width for *_, seg in segs], dim=-1)
-            for (i, role, seg), t in zip(segs, splits, strict=True):
-                if (i, role) in streams:  # (B, Q, w) -> (B, Q, *channels)
-                    parts[i, role] = Operand(t.unflatten(-1, seg.channels),
-                                             self._letters(i, role, "cl"))
+            splits = torch.split(_apply(self.proj_u, n1), [seg.width for _, seg in segs], dim=-1)
+            for (key, seg), t in zip(segs, splits, strict=True):
+                if key in streams:  # (B, Q, w) -> (B, Q, *channels)
+                    parts[key] = Operand(t.unflatten(-1, seg.channels), self.letters(key, "cl"))
         binary = []
-        for i, role in keys:
-            if streams[i, role] != "B":
+        for key in keys:
+            if streams[key] != "B":
                 continue
-            if layouts[i][role] == "fold":
-                parts[i, role] = self._folded(i, role, n2)
+            if layouts[key] == "fold":
+                parts[key] = self.folded(key, n2)
             else:
-                binary.append((i, role, self.slots[i].segment(role)))
+                binary.append((key, self.slots[key[0]].segment(key[1])))
         if not binary:
             return parts
-        widths = [seg.width for *_, seg in binary]
+        widths = [seg.width for _, seg in binary]
         proj_b = self.proj_b
         if sum(widths) == adapters.unwrap(proj_b).width and all(
-                layouts[i][r] == "cl" for i, r, _ in binary):
+                layouts[key] == "cl" for key, _ in binary):
             outs = torch.split(_apply(proj_b, n2), widths, dim=-1)  # (B, Q, n, w) each
         else:
             outs = segmented_linear(n2, adapters.weight(proj_b), adapters.bias(proj_b), tuple(
-                (seg.start, seg.width, layouts[i][r]) for i, r, seg in binary))
-        for (i, role, seg), t in zip(binary, outs, strict=True):
+                (seg.start, seg.width, layouts[key]) for key, seg in binary))
+        for (key, seg), t in zip(binary, outs, strict=True):
             # (B, C, Q, n) -> (B, *channels, row, col) or (B, Q, n, C) -> (B, row, col, *channels)
-            t = t.unflatten(1 if layouts[i][role] == "cf" else -1, seg.channels)
-            parts[i, role] = Operand(t, self._letters(i, role, layouts[i][role]))
+            t = t.unflatten(1 if layouts[key] == "cf" else -1, seg.channels)
+            parts[key] = Operand(t, self.letters(key, layouts[key]))
         return parts
 
-    def _letters(self, i: int, role: str, layout: str) -> tuple[str, ...]:
-        """The index letters of a projected tensor as `_project` lays it out."""
+    def letters(self, key: Key, layout: str) -> tuple[str, ...]:
+        """The index letters of a projected tensor as `project` lays it out."""
+        i, role = key
         idx = natural(self.ops[i].spec.tensor(role))
-        return idx[2:] + idx[:2] if layout == "cf" else idx
+        return idx[2:] + idx[:2] if layout == "cf" else idx  # channels, then the two tokens
 
-    def _folded(self, i: int, role: str, n2: torch.Tensor) -> Operand:
+    def folded(self, key: Key, n2: torch.Tensor) -> Operand:
         """A binary tensor handed over folded: the normalised stream and its weight rows."""
+        i, role = key
         seg: Segment = self.slots[i].segment(role)
         w = adapters.weight(self.proj_b)[seg.start : seg.start + seg.width].view(*seg.channels,
                                                                                   -1)
         bias = adapters.bias(self.proj_b)
         if seg.bias:
             bias = bias[seg.start : seg.start + seg.width].view(seg.channels)
-        idx = self.ops[i].spec.tensor(role)
-        return Operand(n2, natural(idx)[:2], weight=w, bias=bias if seg.bias else None)
+        tokens = natural(self.ops[i].spec.tensor(role))[:2]  # (row, col) of the pair
+        return Operand(n2, tokens, weight=w, bias=bias if seg.bias else None)
 
     def cross_context(self, enc_u: torch.Tensor, enc_b: torch.Tensor
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -184,40 +185,41 @@ class DualStreamLayer(nn.Module):
         cb = self.cross_b(enc_b) if self.cross_b is not None else None
         return cu, cb
 
-    def _context(self, parts, keep, hook: ContextHook):
+    def take_context(self, parts: Parts, keep: torch.Tensor | None, hook: ContextHook
+                     ) -> tuple[Parts, Premasked]:
         """Hand the rows' context channels to ``hook``; returns the operands read from the
-        buffers it gives back, {(slot, role): Operand}, and which of them are premasked.
-        Operators this call skips (a ``unary_only`` layer's binary-output ones) have no
-        projections in ``parts``: their channels go to the hook as zeros (the buffers keep
-        one layout), or not at all when no operator of a stream reads context, and none is
-        read back."""
+        buffers it gives back, and which of them are premasked. Operators this call skips (a
+        ``unary_only`` layer's binary-output ones) have no projections in ``parts``: their
+        channels go to the hook as zeros (the buffers keep one layout), or not at all when no
+        operator of a stream reads context, and none is read back."""
         own = {}
         for stream in STREAMS:
             keys = [k for k in self.context if self.slots[k[0]].segment(k[1]).stream == stream]
             present = [k for k in keys if k in parts]
             if present:  # (B, Q, [n,] W) in context order
-                first = present[0]
-                lead = parts[first].tensor.shape[:-len(self.slots[first[0]].segment(
-                    first[1]).channels)]
+                channels = {k: self.slots[k[0]].segment(k[1]).channels for k in keys}
+                first = parts[present[0]].tensor
+                lead = first.shape[: first.ndim - len(channels[present[0]])]
                 own[stream] = torch.cat([
-                    parts[k].tensor.flatten(-len(self.slots[k[0]].segment(k[1]).channels))
-                    if k in parts else parts[first].tensor.new_zeros(
-                        *lead, self.slots[k[0]].segment(k[1]).width) for k in keys], -1)
+                    parts[k].tensor.flatten(-len(channels[k])) if k in parts
+                    else first.new_zeros(*lead, self.slots[k[0]].segment(k[1]).width)
+                    for k in keys], -1)
         if "B" in own:
             own["B"] = own["B"] * keep  # (B, Q, n, Wb): the pairs the rows see
         buffers = hook(own.get("U"), own.get("B"))
         if buffers is None:
             return {}, {}
-        taken, premasked = {}, {}
+        taken: Parts = {}
+        premasked: dict[int, frozenset[str]] = {}
         for (i, role), start in self.context.items():
             if (i, role) not in parts:
                 continue
             seg, spec = self.slots[i].segment(role), self.ops[i].spec
             buf = buffers[STREAMS.index(seg.stream)]  # (B, n, [n,] W)
-            t = buf[..., start : start + seg.width].unflatten(-1, seg.channels)
+            t = buf.narrow(-1, start, seg.width).unflatten(-1, seg.channels)
             taken[i, role] = Operand(t, natural(spec.tensor(role)))
             if seg.stream == "B" and (role == "premise" or spec.activation != "softmax"):
-                premasked.setdefault(i, set()).add(role)
+                premasked[i] = premasked.get(i, frozenset()) | {role}
         return taken, premasked
 
     # -- the layer ---------------------------------------------------------------------------------
@@ -228,35 +230,22 @@ class DualStreamLayer(nn.Module):
         """u1 (B, Q, D1), u2 (B, Q, n, D2) -> both updated. ``unary_only`` (the last layer, when
         nothing reads the final binary stream) skips every update of u2 -- the binary-output
         operators and the binary FFN -- and returns None in its place. Long enough inputs run
-        the mixer and the binary FFN in blocks of query rows (`folnet.arch.layer.memory`), but for a
-        call that asks for ``attentions``: that dict gets each softmax operator's activated
-        kernel over the whole square, by symbol."""
+        the mixer and the binary FFN in blocks of query rows (`folnet.arch.layer.memory`), but
+        for a call that asks for ``attentions``: that dict gets each softmax operator's
+        activated kernel over the whole square, by symbol."""
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
         row_pairs = u2.shape[0] * u2.shape[2]  # B x n
         rows = None if attentions is not None else block_rows_for(
             u2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs)
         n2 = self._norm_binary(u2)
-        wanted = [i for i, s in enumerate(self.slots)
-                  if not (unary_only and s.spec.typing.output == "B")]
-        backends, layouts = {}, {}
-        for i in wanted:
-            op = self.ops[i]
-            # rpe*'s static terms dominate its layers' cost (the fused path measured 1.02x
-            # there): they keep every kernel and premise materialised, as before. A block of a
-            # bidirectional square's rows is a plain rectangular call: no mask runs along rows
-            call = op.call(n2, padded=domain.pad is not None, rows=domain.rows is not None,
-                           requires_grad=torch.is_grad_enabled(),
-                           materialise=cfg.position == "rpe*")
-            backends[i] = op.select(call)
-            layouts[i] = {r: backends[i].layout(op, r) for r in ROLES}
-        plan = (backends, layouts, wanted)
+        dispatch = self.dispatch(n2, domain, unary_only)
         keep = domain.keep()  # (B|1, Q, n, 1) or None
         if rows is None:
-            u1, u2 = self._write(u1, u2, *self._mix(n1, n2, domain, plan, context, keep,
-                                                     attentions), keep)
+            mixed_u, update = self.mix(n1, n2, domain, dispatch, context, keep, attentions)
+            u1, u2 = self.write(u1, u2, mixed_u, update, keep)
         else:
-            u1, u2 = self._mix_blocked(u1, u2, n1, n2, domain, plan, context, keep, rows)
+            u1, u2 = mix_blocked(self, u1, u2, n1, n2, domain, dispatch, context, keep, rows)
         u1 = dropout_add(u1, self.ffn_u(self._norm(u1, cfg.D1)), cfg.dropout, self.training)
         if unary_only:
             return u1, None
@@ -266,7 +255,7 @@ class DualStreamLayer(nn.Module):
         # `dropout_add` draws it); query rows of a longer domain pass their transposed input
         if rows is not None and domain.rows is None:
             p = cfg.dropout if self.training else 0.0
-            u2 = _added(u2, self.ffn_b(n2, block_rows=block_rows_for(
+            u2 = add_update(u2, self.ffn_b(n2, block_rows=block_rows_for(
                 n2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs,
                 stage="ffn"), keep=keep_mask(u2.shape, p, u2.device) if p else None, p=p))
         else:
@@ -274,128 +263,58 @@ class DualStreamLayer(nn.Module):
                              self.training)
         return u1, (u2 if keep is None else u2 * keep)
 
-    def _mix(self, n1, n2, domain, plan, context, keep, attentions=None):
+    def dispatch(self, n2: torch.Tensor, domain: Domain, unary_only: bool = False) -> Dispatch:
+        """Which operators this call runs, on which backend, in which layouts."""
+        wanted = tuple(i for i, s in enumerate(self.slots)
+                       if not (unary_only and s.spec.typing.output == "B"))
+        backends, layouts = {}, {}
+        for i in wanted:
+            op = self.ops[i]
+            # rpe*'s static terms dominate its layers' cost (the fused path measured 1.02x
+            # there): they keep every kernel and premise materialised, as before. A block of a
+            # bidirectional square's rows is a plain rectangular call: no mask runs along rows
+            call = op.call(n2, padded=domain.pad is not None, rows=domain.rows is not None,
+                           requires_grad=torch.is_grad_enabled(),
+                           materialise=self.cfg.position == "rpe*")
+            backends[i] = op.select(call)
+            layouts.update({(i, r): backends[i].layout(op, r) for r in ROLES})
+        return Dispatch(wanted, backends, layouts)
+
+    def mix(self, n1: torch.Tensor, n2: torch.Tensor, domain: Domain, dispatch: Dispatch,
+            context: ContextHook | None, keep: torch.Tensor | None,
+            attentions: dict[str, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The mixer over every query row at once: (unary outputs (B, Q, M1) or None, binary
         update (B, Q, n, D2) or None)."""
-        backends, layouts, wanted = plan
-        parts = self._project(n1, n2, layouts, [(i, r) for i in wanted for r in ROLES])
-        premasked = {}
+        parts = self.project(n1, n2, dispatch, dispatch.keys())
+        premasked: Premasked = {}
         if context is not None:
-            taken, premasked = self._context(parts, keep, context)
+            taken, premasked = self.take_context(parts, keep, context)
             parts.update(taken)
-        return self._updates(self._operate(parts, backends, domain, wanted, premasked,
-                                           attentions), domain)
+        return self.updates(self.operate(parts, dispatch, domain, premasked, attentions), domain)
 
-    def _mix_blocked(self, u1, u2, n1, n2, domain, plan, context, keep, rows):
-        """The mixer ``rows`` query rows at a time, each block recomputed in the backward pass
-        (`folnet.ops.kernels.recompute_blocks`), so that its projections, kernels and premises
-        (N2 channels per pair) are alive for one block only. Read from the operator specs: a
-        tensor whose first token is the operator's query letter is projected from the block's
-        row slab (of n1 or n2), a binary one whose second token is (``c``'s premise,
-        bidirectionally) from its column slab, every other one (``t``'s premise, unary
-        premises) once for all rows -- by the recomputed function's prologue, span by span,
-        or, when a causal layer hands them to ``context`` (its context channels, as in
-        `_mix`), before it. Every reduction runs along a row's columns, so each block's
-        softmax is exact: outputs equal `_mix`'s. The blocks also apply the binary update's
-        residual dropout (masks drawn first, in `_write`'s order), so the gradient they receive
-        is the residual's own, not a second full-size tensor; returns u1 and u2 updated."""
-        backends, layouts, wanted = plan
-        keys = block_reach({i: self.ops[i].spec for i in wanted})
-        folded = [k for k in keys["all"] if layouts[k[0]][k[1]] == "fold"]  # read the full n2
-        common = [k for k in keys["all"] if k not in folded]  # made once for all rows
-        order, letters, inputs, prologue, premasked = self._shared(n1, n2, layouts, common,
-                                                                   context, keep)
-        count = n2.shape[1]
-        at = (domain.rows if domain.rows is not None
-              else torch.arange(count, device=n2.device))  # (Q,) domain positions
-        has_u = any(self.slots[i].spec.typing.output == "U" for i in wanted)
-        has_b = any(self.slots[i].spec.typing.output == "B" for i in wanted)
-        p = self.cfg.dropout if self.training else 0.0
-        drop_u = keep_mask(u1.shape, p, u1.device) if p and has_u else None
-        drop_b = keep_mask(u2.shape, p, u2.device) if p and has_b else None  # (B, Q, n, D2)
-        # views: n1's and n2's row slabs, n2's column slab on a full square (whose columns are
-        # its rows; query rows of a longer domain are causal, whose operators' causal form
-        # reads no column slab: the third view then goes unread), the dropout mask's rows
-        slabs = [(0, 1), (1, 1), (1, 2 if domain.rows is None else 1)]
-        if drop_b is not None:
-            slabs.append((len(inputs), 1))
-            inputs = [*inputs, drop_b]
-        shared_end, scale = len(order) + 2, (1.0 / (1.0 - p) if drop_b is not None else None)
-
-        def block(r0: int, r1: int, inputs, views, made, sinks):
-            # what the blocks read whole; in backward, made ones add their gradients in place
-            given = made if prologue is not None else inputs[2:shared_end]
-            sinks = sinks or (None,) * len(given)
-            rows1, rows2, cols2 = views[:3]  # (B, R, D1), (B, R, n, D2), (B, n, R, D2)
-            parts = {k: Operand(t, c, sink=s)
-                     for k, t, c, s in zip(order, given, letters, sinks, strict=True)}
-            parts.update({k: self._folded(*k, inputs[1]) for k in folded})
-            # one contiguous copy of each slab, one block's worth
-            parts.update(self._project(rows1, rows2.contiguous(), layouts, keys["row"]))
-            if keys["col"]:
-                parts.update(self._project(None, cols2.contiguous(), layouts, keys["col"]))
-            rel = None if domain.rel_ids is None else domain.rel_ids[:, r0:r1]
-            sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible, rows=at[r0:r1],
-                         rel_ids=rel)
-            mixed_u, update = self._updates(self._operate(parts, backends, sub, wanted,
-                                                          premasked), sub)
-            if update is not None and scale is not None:  # (B, R, n, D2)
-                update = masked_scale(update, views[3], scale)  # (no tensor in the closure)
-            return tuple(t for t in (mixed_u, update) if t is not None)
-
-        spans = [(r0, min(count, r0 + rows)) for r0 in range(0, count, rows)]
-        outs = iter(recompute_blocks(block, spans, inputs, list(self.parameters()), slabs,
-                                     prologue=prologue))
-        if has_u:  # (B, Q, M1)
-            u1 = dropout_add(u1, self.out_u(next(outs)), p, self.training, drop_u)
-        if has_b:  # (B, Q, n, D2), dropped out already
-            u2 = _added(u2, next(outs))
-            if keep is not None:
-                u2 = u2 * keep
-        return u1, u2
-
-    def _shared(self, n1, n2, layouts, common, context, keep):
-        """How the blocks get the operands they read whole (``common``): (their keys, their
-        letters, the recomputed function's inputs, its prologue, premasked roles). Without a
-        context hook a prologue makes them span by span inside the function; a causal layer's
-        hook must see them (its context channels), so they are made here and handed in."""
-        if context is None:
-            letters = [self._letters(i, r, layouts[i][r]) for i, r in common]
-            # each made tensor's row axis: after the channels of a channels-first one
-            dims = tuple(1 + (len(self.slots[i].segment(r).channels)
-                              if layouts[i][r] == "cf" else 0) for i, r in common)
-
-            def made_rows(r0, r1, inputs, views):  # rows r0:r1 from the row slabs
-                parts = self._project(views[0], views[1].contiguous(), layouts, common)
-                return tuple(parts[k].tensor for k in common)
-
-            return list(common), letters, [n1, n2], (made_rows, dims) if common else None, {}
-        parts = self._project(n1, n2, layouts, common)
-        taken, premasked = self._context(parts, keep, context)
-        parts.update(taken)
-        order = list(parts)
-        letters = [parts[k].letters for k in order]
-        return order, letters, [n1, n2, *(parts[k].tensor for k in order)], None, premasked
-
-    def _operate(self, parts, backends, domain, wanted, premasked, attentions=None):
+    def operate(self, parts: Parts, dispatch: Dispatch, domain: Domain, premasked: Premasked,
+                attentions: dict[str, torch.Tensor] | None = None
+                ) -> dict[str, list[torch.Tensor]]:
         """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]};
         ``attentions`` (a dict) also gets each softmax operator's activated kernel."""
         cfg = self.cfg
         p = cfg.kernel_dropout if self.training else 0.0
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
-        for i in wanted:
+        for i in dispatch.wanted:
             slot, op = self.slots[i], self.ops[i]
             spec = op.spec
             K, v = parts[i, "kernel"], parts[i, "premise"]
             if slot.kernel_scale != 1.0:
                 K = Operand(K.tensor * slot.kernel_scale, K.letters)
             order = domain.order(masks.query_letter(spec))
+            masked = premasked.get(i, frozenset())
             if attentions is not None and spec.activation == "softmax":
-                attentions[spec.symbol] = op.probabilities(
-                    K, domain.pad, order=order, premasked=frozenset(premasked.get(i, ())))
-            out = op.run(K, v, domain.pad, order=order, backend=backends[i],
+                attentions[spec.symbol] = op.probabilities(K, domain.pad, order=order,
+                                                           premasked=masked)
+            out = op.run(K, v, domain.pad, order=order, backend=dispatch.backends[i],
                          dropout_p=p if spec.kernel_dropout else 0.0,
-                         premasked=frozenset(premasked.get(i, ())))  # spec.output layout
+                         premasked=masked)  # spec.output layout
             if cfg.position == "rpe*":
                 out = out + static_relative(spec, K.laid_out(spec.kernel), domain,
                                             self.rel_key, self.rel_value)
@@ -407,7 +326,8 @@ class DualStreamLayer(nn.Module):
             outs[spec.typing.output].append(out)
         return outs
 
-    def _updates(self, outs, domain):
+    def updates(self, outs: dict[str, list[torch.Tensor]], domain: Domain
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The unary outputs concatenated (B, Q, M1) and the binary stream's update through its
         fused output projection (B, Q, n, D2), each None when no operator writes there."""
         mixed_u = torch.cat(outs["U"], -1) if outs["U"] else None
@@ -420,7 +340,9 @@ class DualStreamLayer(nn.Module):
         return mixed_u, (linear(cat, adapters.weight(self.out_b), adapters.bias(self.out_b))
                          if domain.visible is None else _apply(self.out_b, cat))
 
-    def _write(self, u1, u2, mixed_u, update, keep):
+    def write(self, u1: torch.Tensor, u2: torch.Tensor, mixed_u: torch.Tensor | None,
+              update: torch.Tensor | None, keep: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """The unary outputs through their fused output projection, the binary update; dropout
         and the residual add on each (and the visibility, causally)."""
         if mixed_u is not None:

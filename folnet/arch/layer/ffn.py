@@ -8,7 +8,6 @@ from torch import nn
 
 from folnet.arch import adapters
 from folnet.ops.kernels import binary_ffn
-from folnet.ops.kernels.blocked import blocked_binary_ffn
 
 
 class UnaryFFN(nn.Module):
@@ -41,10 +40,8 @@ class BinaryFFN(nn.Module):
         """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
         for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`).
         ``block_rows`` runs a full square that many query rows at a time, recomputing each
-        block in the backward pass (`folnet.ops.kernels.blocked`); there ``keep`` (a bool
-        mask of n2's shape) applies the residual dropout of rate ``p`` to the output."""
+        block in the backward pass; there ``keep`` (a bool mask of n2's shape) applies the
+        residual dropout of rate ``p`` to the output."""
         params = [t for m in (self.inp, self.out, self.skip)  # adapters included
                   for t in (adapters.weight(m), adapters.bias(m))]
-        if block_rows is not None:
-            return blocked_binary_ffn(n2, *params, rows=block_rows, keep=keep, p=p)
-        return binary_ffn(n2, *params, nt=n2t)
+        return binary_ffn(n2, *params, nt=n2t, rows=block_rows, keep=keep, p=p)

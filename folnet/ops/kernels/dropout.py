@@ -85,3 +85,9 @@ def dropout_add(residual: torch.Tensor, x: torch.Tensor, p: float, training: boo
     if mask is None:
         mask = keep_mask(torch.broadcast_shapes(residual.shape, x.shape), p, x.device)
     return _DropoutAdd.apply(residual, x, mask, 1.0 / (1.0 - p))
+
+
+def add_update(residual: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """``residual + update`` for an update made just now (already dropped out): written into
+    it when the dtypes agree -- one full-size allocation fewer."""
+    return update.add_(residual) if update.dtype == residual.dtype else residual + update

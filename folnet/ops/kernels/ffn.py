@@ -1,68 +1,172 @@
-"""The binary Boolean stage's CPU kernel: ``[u2(x,y), u2(y,x)] -> Linear -> GELU -> Linear``
-plus a skip Linear of ``u2(y,x)``, saving little for the backward pass.
+"""The binary Boolean stage's CPU kernel, whole or in blocks of query rows: one forward and one
+backward, written once.
+
+``out(x, y) = W_o gelu(W_i [n(x, y), n(y, x)] + b_i) + b_o + W_s n(y, x) + b_s`` over the square
+(B, T, T, D2). The rows ``x`` of a block read their own row slab ``n(x, :)`` and the column slab
+``n(:, x)``; the whole square is the one block of all rows.
+
+What is kept for the backward pass:
+* whole: ``n`` and the pre-activation ``h``; the transposed half, the concatenation and
+  ``gelu(h)`` are recomputed there -- 2 D2 + F2 channels per pair instead of 4 D2 + 2 F2 (the
+  stage is the largest activation of a layer), for one GELU and two copies;
+* in blocks (long inputs): ``n`` only; each block's hidden layer is recomputed there, so no
+  full-size hidden layer (nor its GELU, nor their gradients) is ever alive: the working set is
+  one block's, ``rows / T`` of the whole. Results equal the whole stage up to the order in
+  which the weight gradients are summed (float32: ~1e-7 relative).
+With a keep mask the output is ``out * keep * scale`` (the residual's dropout, applied block by
+block), so that the gradient it receives is the residual's own, not a second full-size tensor.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
+from folnet.errors import FolnetError
 from folnet.ops.kernels.autocast import autocast_dtype, cast
+from folnet.ops.kernels.dropout import masked_scale
 from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
+
+__all__ = ["binary_ffn"]
+
+
+class _Weights(NamedTuple):
+    """The stage's parameters: hidden (F2, 2 D2), (F2,); output (D2, F2), (D2,); skip
+    (D2, D2), (D2,)."""
+
+    w_in: torch.Tensor
+    b_in: torch.Tensor
+    w_out: torch.Tensor
+    b_out: torch.Tensor
+    w_skip: torch.Tensor
+    b_skip: torch.Tensor
+
+
+def _slabs(n: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows r0:r1 of the square as (n(x, :), n(:, x) transposed): two (B, R, T, D2)."""
+    return n[:, r0:r1], n[:, :, r0:r1].transpose(1, 2)
+
+
+def _both(own: torch.Tensor, across: torch.Tensor) -> torch.Tensor:
+    """[n(x, y), n(y, x)] for the block's pairs: (P, 2 D2), P = B R T."""
+    return torch.cat([own, across], -1).view(-1, 2 * own.shape[-1])
+
+
+def _forward(own: torch.Tensor, across: torch.Tensor, w: _Weights
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's output (P, D2) and pre-activation h (P, F2)."""
+    both = _both(own, across)
+    h = mm_linear(both, w.w_in, w.b_in)
+    out = mm_linear(F.gelu(h), w.w_out, w.b_out)
+    return out.addmm_(both[:, own.shape[-1]:], w.w_skip.t()).add_(w.b_skip), h
+
+
+def _backward(own: torch.Tensor, across: torch.Tensor, h: torch.Tensor | None,
+              g: torch.Tensor, w: _Weights, grads: _Weights
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's backward from its upstream gradient ``g`` (P, D2): adds the weights'
+    gradients to ``grads`` in place, returns those of ``own`` and ``across`` (their shape).
+    ``h`` is the saved pre-activation, or None to recompute it."""
+    d2 = own.shape[-1]
+    both = _both(own, across)  # (P, 2 D2)
+    if h is None:
+        h = mm_linear(both, w.w_in, w.b_in)  # (P, F2)
+    grads.w_out.add_(wgrad(g, F.gelu(h)))
+    grads.b_out.add_(g.sum(0))
+    grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w.w_out.t().contiguous(), None), h)
+    del h
+    grads.w_in.add_(wgrad(grad_h, both))
+    grads.b_in.add_(grad_h.sum(0))
+    grad_both = mm_linear(grad_h, w.w_in.t().contiguous(), None)  # (P, 2 D2)
+    del grad_h
+    grads.w_skip.add_(wgrad(g, both[:, d2:].contiguous()))
+    # d/d n(y, x) for the block's x: the hidden layer's second half and the skip Linear
+    return (grad_both[:, :d2].view(own.shape),
+            grad_both[:, d2:].addmm(g, w.w_skip).view(own.shape))
 
 
 class _BinaryFFN(torch.autograd.Function):
-    """``out = W_o gelu(W_i [n, n^T] + b_i) + b_o + W_s n^T + b_s`` over (B, T, T, D2).
-
-    Saves only the normalised stream ``n`` and the pre-activation ``h`` for the backward pass
-    and recomputes the transposed copy, the concatenation and ``gelu(h)`` there: 2 D2 + F2
-    channels per pair instead of 4 D2 + 2 F2 (the stage is the largest activation of a
-    layer), at the price of one GELU and two copies.
-    """
+    """The stage over the square, whole (``rows`` None: the pre-activation saved) or in blocks
+    of ``rows`` query rows (every block recomputed)."""
 
     @staticmethod
-    def forward(ctx, n, w_in, b_in, w_out, b_out, w_skip, b_skip):
-        nt = n.transpose(1, 2).contiguous()  # (B, T, T, D2) n(y, x)
-        both = torch.cat([n, nt], dim=-1)  # (B, T, T, 2 D2)
-        h = mm_linear(both.view(-1, both.shape[-1]), w_in, b_in)  # (P, F2)
-        out = mm_linear(F.gelu(h), w_out, b_out)  # (P, D2)
-        out.addmm_(nt.view(-1, nt.shape[-1]), w_skip.t()).add_(b_skip)
-        ctx.save_for_backward(n, h, w_in, w_out, w_skip)
-        return out.view_as(n)
+    def forward(ctx, n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep, scale):
+        w = _Weights(w_in, b_in, w_out, b_out, w_skip, b_skip)
+        T = n.shape[1]
+        if rows is None:  # whole
+            out, h = _forward(n, n.transpose(1, 2), w)
+            out = out.view_as(n)
+            if keep is not None:
+                out = masked_scale(out, keep, scale)
+        else:
+            out, h = torch.empty_like(n), None  # (B, T, T, D2)
+            for r0 in range(0, T, rows):
+                r1 = min(T, r0 + rows)
+                own, across = _slabs(n, r0, r1)  # (B, R, T, D2) each
+                piece = _forward(own, across, w)[0].view(own.shape)
+                out[:, r0:r1] = piece if keep is None else masked_scale(
+                    piece, keep[:, r0:r1], scale)
+        ctx.save_for_backward(n, h, w_in, b_in, w_out, w_skip, keep)
+        ctx.rows, ctx.scale = rows, scale
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        n, h, w_in, w_out, w_skip = ctx.saved_tensors
-        d2 = n.shape[-1]
-        nt = n.transpose(1, 2).contiguous()
-        both = torch.cat([n, nt], dim=-1).view(-1, 2 * d2)  # recomputed (P, 2 D2)
-        g = grad.reshape(-1, d2)  # (P, D2)
-        grad_w_out = wgrad(g, F.gelu(h))
-        grad_b = g.sum(0)
-        grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w_out.t().contiguous(), None), h)
-        grad_w_in = wgrad(grad_h, both)
-        grad_b_in = grad_h.sum(0)
-        grad_both = mm_linear(grad_h, w_in.t().contiguous(), None)  # (P, 2 D2)
-        grad_w_skip = wgrad(g, nt.view(-1, d2))
-        grad_nt = grad_both[:, d2:].addmm(g, w_skip).view_as(n)  # d/d n(y, x)
-        grad_n = grad_both[:, :d2].view_as(n) + grad_nt.transpose(1, 2)
-        return grad_n, grad_w_in, grad_b_in, grad_w_out, grad_b, grad_w_skip, grad_b
+        n, h, w_in, b_in, w_out, w_skip, keep = ctx.saved_tensors
+        w = _Weights(w_in, b_in, w_out, None, w_skip, None)
+        grads = _Weights(torch.zeros_like(w_in), torch.zeros_like(b_in), torch.zeros_like(w_out),
+                         torch.zeros_like(w_out[:, 0]), torch.zeros_like(w_skip), None)
+        d2, T = n.shape[-1], n.shape[1]
+
+        def upstream(r0: int, r1: int) -> torch.Tensor:  # (P, D2), dropped out as the output
+            g = grad[:, r0:r1]
+            g = g if keep is None else masked_scale(g, keep[:, r0:r1], ctx.scale)
+            return g.reshape(-1, d2)
+
+        if h is not None:  # whole
+            grad_own, grad_across = _backward(n, n.transpose(1, 2), h, upstream(0, T), w, grads)
+            grad_n = grad_own + grad_across.transpose(1, 2)
+        else:
+            grad_n = torch.zeros_like(n)
+            for r0 in range(0, T, ctx.rows):
+                r1 = min(T, r0 + ctx.rows)
+                own, across = _slabs(n, r0, r1)
+                grad_own, grad_across = _backward(own, across, None, upstream(r0, r1), w, grads)
+                grad_n[:, r0:r1] += grad_own
+                grad_n[:, :, r0:r1] += grad_across.transpose(1, 2)
+        return (grad_n, grads.w_in, grads.b_in, grads.w_out, grads.b_out, grads.w_skip,
+                grads.b_out, None, None, None)
 
 
 def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
                b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
-               nt: torch.Tensor | None = None) -> torch.Tensor:
+               nt: torch.Tensor | None = None, *, rows: int | None = None,
+               keep: torch.Tensor | None = None, p: float = 0.0) -> torch.Tensor:
     """The binary FFN over ``n`` (B, *tokens, D2). ``nt`` is its transposed input u2(y, x);
     None means ``n.transpose(1, 2)`` (a full square), computed inside -- on the CPU fast path
     with recomputation in the backward. Query rows of a longer domain pass their own ``nt``
-    and take plain ops."""
-    dtype = autocast_dtype(n.device)
+    and take plain ops. ``rows`` (a positive integer) runs a full square that many query rows
+    at a time, keeping only ``n`` for the backward pass (on CPU and CUDA); there ``keep`` (a
+    bool `keep_mask` of n's shape) applies dropout of rate ``p`` to the output."""
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise FolnetError(f"block rows must be a positive integer, got {rows!r}")
+        if n.ndim != 4 or n.shape[1] != n.shape[2] or nt is not None:
+            raise FolnetError(f"binary_ffn in blocks of rows needs a full square (B, T, T, D2), "
+                              f"got {tuple(n.shape)}" + (" and nt" if nt is not None else ""))
+    elif keep is not None:
+        raise FolnetError("binary_ffn applies a keep mask only in blocks of rows")
+    # under autocast: one cast of every input, then plain products in that dtype
+    dtype = autocast_dtype(n.device, devices=("cpu", "cuda") if rows is not None else ("cpu",))
     if dtype is not None:
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast(n.device.type, enabled=False):
             return binary_ffn(*cast(dtype, n, w_in, b_in, w_out, b_out, w_skip, b_skip),
-                              nt=cast(dtype, nt)[0])
-    if nt is None and onednn_ok(n, w_in) and n.is_contiguous():
-        return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip)
+                              nt=cast(dtype, nt)[0], rows=rows, keep=keep, p=p)
+    if rows is not None or (nt is None and onednn_ok(n, w_in) and n.is_contiguous()):
+        scale = 1.0 / (1.0 - p) if keep is not None else 1.0
+        return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep, scale)
     if nt is None:
         nt = n.transpose(1, 2)
     hidden = F.gelu(F.linear(torch.cat([n, nt], dim=-1), w_in, b_in))  # (B, *tokens, F2)

@@ -1,0 +1,304 @@
+"""Outputs assembled block by block of rows, each block recomputed in the backward pass.
+
+Why: a long input's layer makes, per block of query rows, tensors of N2 channels per pair
+(projections, kernels, premises); keeping every block's graph would keep them all. Here only
+the inputs are saved; the backward pass reruns one block at a time and takes its gradients
+with `torch.autograd.grad`, so at most one block's intermediates are alive.
+
+Everything crosses the boundary by name: the caller hands ``inputs`` (a mapping), the
+``slabs`` read by rows (`Slab`: which input, which axis) and, optionally, a `Prologue` that
+makes the tensors every block reads whole; each block receives one `Block` holding them all by
+the same names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+__all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
+
+Tensors = Mapping[Hashable, torch.Tensor]
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Slab:
+    """A tensor a block reads by rows: rows r0:r1 of ``inputs[source]`` along ``dim``. Read
+    through the block's view of it, not by slicing the input, so that its gradient is
+    slab-sized."""
+
+    source: Hashable
+    dim: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """What one block of rows r0:r1 receives.
+
+    ``inputs`` every input whole (in the backward pass: detached leaves); ``slabs`` each
+    `Slab`'s rows, by the slab's name; ``made`` the prologue's tensors over all rows, by name
+    (empty without a prologue, and inside the prologue itself); ``sinks`` None in the forward
+    pass, in the backward pass zeros like each made tensor, to which the block may add that
+    tensor's gradient in place (`folnet.ops.kernels.sink`)."""
+
+    r0: int
+    r1: int
+    inputs: Tensors
+    slabs: Tensors
+    made: Tensors
+    sinks: Tensors | None
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """What every block reads whole, made span by span: ``make(block)`` returns rows r0:r1 of
+    each such tensor by name, along its axis in ``dims`` (same names)."""
+
+    make: Callable[[Block], Tensors]
+    dims: Mapping[Hashable, int]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The non-tensor arguments of one `recompute_blocks` call, handed to the autograd
+    Function as one object."""
+
+    run: Callable[[Block], Tensors]
+    spans: tuple[tuple[int, int], ...]
+    names: tuple[Hashable, ...]  # the inputs', in the order their tensors are passed
+    slabs: Mapping[Hashable, Slab]
+    prologue: Prologue | None
+    params: tuple[torch.Tensor, ...]
+    outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
+
+    def block(self, r0: int, r1: int, inputs: Tensors, made: Tensors = _EMPTY,
+              sinks: Tensors | None = None, slabs: Tensors | None = None) -> Block:
+        """The `Block` for rows r0:r1; its slab views cut from ``inputs`` unless given."""
+        if slabs is None:
+            slabs = {name: inputs[s.source].narrow(s.dim, r0, r1 - r0)
+                     for name, s in self.slabs.items()}
+        return Block(r0, r1, inputs, slabs, made, sinks)
+
+    def made(self, inputs: Tensors) -> Tensors:
+        """The prologue's tensors over all rows (no autograd: the caller is a forward pass or
+        wants values only)."""
+        if self.prologue is None:
+            return {}
+        return _assemble(self.spans, lambda r0, r1: self.prologue.make(self.block(r0, r1, inputs)),
+                         self.prologue.dims)
+
+
+class _RecomputedBlocks(torch.autograd.Function):
+    """The forward runs the prologue and every block without autograd and saves only the
+    inputs (through ``save_for_backward``, so that an enclosing activation checkpoint drops
+    them too). The backward reruns the prologue's values, then each block under the random
+    and autocast state its forward had -- a slab's gradient goes into its slice of its
+    input's, so no block makes a full-size gradient of what it reads by rows -- and last the
+    prologue's own backward, from the gradients its outputs gathered in the sinks over the
+    blocks. Parameter gradients come back as this function's input gradients, once per
+    parameter, as a DistributedDataParallel hook expects."""
+
+    @staticmethod
+    def forward(ctx, job: _Job, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = dict(zip(job.names, tensors, strict=False))  # then the parameters
+        device = tensors[0].device
+        ctx.job, ctx.autocast, ctx.states = job, _autocast_state(device), []
+        made = job.made(inputs)
+
+        def piece(r0: int, r1: int) -> Tensors:
+            ctx.states.append(_rng_state(device))
+            return job.run(job.block(r0, r1, inputs, made))
+
+        outs = _assemble(job.spans, piece)
+        job.outputs.clear()
+        job.outputs.extend(outs)  # their names, in the order of the tensors returned
+        ctx.save_for_backward(*inputs.values())
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+        return tuple(outs.values())
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        job: _Job = ctx.job
+        saved = dict(zip(job.names, ctx.saved_tensors, strict=True))
+        used = [name for name, g in zip(job.outputs, grads, strict=True) if g is not None]
+        grads = dict(zip(job.outputs, grads, strict=True))
+        totals = _Totals(saved, job)
+        if used:
+            wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
+            device = ctx.saved_tensors[0].device
+            restore = functools.partial(_autocast, device, ctx.autocast)
+            made: dict[Hashable, torch.Tensor] = {}
+            if job.prologue is not None:  # its values only: its graph is rebuilt at the end
+                with torch.no_grad(), restore():
+                    made = {k: t.requires_grad_() for k, t in job.made(saved).items()}
+            sinks = {k: torch.zeros_like(t) for k, t in made.items()}
+            for (r0, r1), state in zip(job.spans, ctx.states, strict=True):
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                        torch.enable_grad(), restore():
+                    _set_rng_state(device, state)
+                    block = _leaves(job, saved, wanted, r0, r1, made, sinks)
+                    outs = job.run(block)
+                    got = totals.grads([outs[k] for k in used],
+                                       [grads[k].narrow(1, r0, r1 - r0) for k in used],
+                                       block, wanted, made)
+                for name, g in got.made.items():  # what autograd returned, not the sinks
+                    sinks[name].add_(g)
+                totals.add(got, r0, r1)
+                del block, outs, got  # the block's graph, before the next block's
+            del made
+            totals.prologue(wanted, sinks, restore)
+        return (None, *(totals.inputs.get(name) for name in job.names),
+                *(totals.params.get(id(p)) for p in job.params))
+
+
+@dataclass
+class _Grads:
+    """One span's gradients, by what they are of."""
+
+    inputs: dict[Hashable, torch.Tensor]
+    slabs: dict[Hashable, torch.Tensor]
+    made: dict[Hashable, torch.Tensor]
+    params: dict[int, torch.Tensor]
+
+
+class _Totals:
+    """The running gradient totals of the inputs (slabs into their slices) and parameters."""
+
+    def __init__(self, saved: Tensors, job: _Job):
+        self.saved, self.job = saved, job
+        self.inputs: dict[Hashable, torch.Tensor] = {}
+        self.params: dict[int, torch.Tensor] = {}
+
+    def grads(self, outputs: Sequence[torch.Tensor], upstream: Sequence[torch.Tensor],
+              block: Block, wanted: set[Hashable], made: Tensors) -> _Grads:
+        """`torch.autograd.grad` of ``outputs`` towards every wanted input, slab, made tensor
+        and parameter needing one, returned by name."""
+        targets: dict[tuple[str, Hashable], torch.Tensor] = {}
+        targets.update({("inputs", n): block.inputs[n] for n in wanted})
+        targets.update({("slabs", n): v for n, v in block.slabs.items()
+                        if self.job.slabs[n].source in wanted})
+        targets.update({("made", n): t for n, t in made.items()})
+        targets.update({("params", id(p)): p for p in self.job.params if p.requires_grad})
+        got = torch.autograd.grad(outputs, list(targets.values()), upstream, allow_unused=True)
+        out = _Grads({}, {}, {}, {})
+        for (kind, name), g in zip(targets, got, strict=True):
+            if g is not None:
+                getattr(out, kind)[name] = g
+        return out
+
+    def add(self, got: _Grads, r0: int, r1: int) -> None:
+        """One span's gradients into the totals: a slab's into its rows of its input's."""
+        for name, g in got.inputs.items():
+            _accumulate(self.inputs, name, g)
+        for name, g in got.slabs.items():
+            slab = self.job.slabs[name]
+            if slab.source not in self.inputs:
+                self.inputs[slab.source] = torch.zeros_like(self.saved[slab.source])
+            self.inputs[slab.source].narrow(slab.dim, r0, r1 - r0).add_(g)
+        for key, g in got.params.items():
+            _accumulate(self.params, key, g)
+
+    def prologue(self, wanted: set[Hashable], sinks: dict[Hashable, torch.Tensor],
+                 restore: Callable) -> None:
+        """The prologue's backward, span by span, from the sinks that were added to."""
+        names = [k for k, sink in sinks.items() if sink._version > 0]
+        if not names:
+            return
+        job = self.job
+        for r0, r1 in job.spans:
+            with torch.enable_grad(), restore():
+                block = _leaves(job, self.saved, wanted, r0, r1, {}, None)
+                made = job.prologue.make(block)
+                got = self.grads([made[k] for k in names],
+                                 [sinks[k].narrow(job.prologue.dims[k], r0, r1 - r0)
+                                  for k in names],
+                                 block, wanted, {})
+            self.add(got, r0, r1)
+            del block, made, got
+
+
+def _leaves(job: _Job, saved: Tensors, wanted: set[Hashable], r0: int, r1: int,
+            made: Tensors, sinks: Tensors | None) -> Block:
+    """The block of rows r0:r1 for a recomputation: detached inputs and slab views, requiring
+    gradients where their input is wanted."""
+    inputs = {n: t.detach().requires_grad_(n in wanted) for n, t in saved.items()}
+    slabs = {name: saved[s.source].narrow(s.dim, r0, r1 - r0).detach().requires_grad_(
+        s.source in wanted) for name, s in job.slabs.items()}
+    return job.block(r0, r1, inputs, made, sinks, slabs)
+
+
+def _assemble(spans: Sequence[tuple[int, int]], make: Callable, dims: Mapping | None = None
+              ) -> dict:
+    """``make(r0, r1)``'s tensors (by name) for every span, written into whole tensors along
+    ``dims`` (default 1) as they come: no list of pieces then a concatenation, whose pieces
+    would sit on the heap between larger tensors."""
+    total = spans[-1][1]
+    outs: dict = {}
+    for r0, r1 in spans:
+        pieces = make(r0, r1)
+        for key, t in pieces.items():
+            d = 1 if dims is None else dims[key]
+            if key not in outs:
+                shape = list(t.shape)
+                shape[d] = total
+                outs[key] = t.new_empty(shape)
+            outs[key].narrow(d, r0, r1 - r0).copy_(t)
+        del pieces
+    return outs
+
+
+def _accumulate(total: dict, key: Hashable, grad: torch.Tensor) -> None:
+    if key in total:
+        total[key].add_(grad)
+    else:  # the first gradient may be an expanded view (a broadcast bias): own it
+        total[key] = grad.contiguous()
+
+
+def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype] | None:
+    """Whether autocast is on for ``device`` and in which dtype (None: a device without it)."""
+    if device.type not in ("cpu", "cuda"):
+        return None
+    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
+def _autocast(device: torch.device, state: tuple[bool, torch.dtype] | None):
+    """A context restoring the autocast state a forward had (a backward runs outside it)."""
+    if state is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=state[1], enabled=state[0])
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int, int]],
+                     inputs: Tensors, params: Sequence[torch.Tensor],
+                     slabs: Mapping[Hashable, Slab] = _EMPTY, prologue: Prologue | None = None
+                     ) -> dict[Hashable, torch.Tensor]:
+    """``run(block)`` for every span of rows, its outputs (by name, each with the rows on dim
+    1) concatenated over the spans, recomputed span by span in the backward pass. ``run`` and
+    the prologue may read ``params`` (the parameters they use) directly; every other tensor
+    they differentiate must come through ``inputs``. Under no autograd it is a plain loop."""
+    job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params))
+    tensors = dict(inputs)
+    if not torch.is_grad_enabled():
+        made = job.made(tensors)
+        return _assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors, made)))
+    outs = _RecomputedBlocks.apply(job, *tensors.values(), *job.params)
+    return dict(zip(job.outputs, outs, strict=True))
