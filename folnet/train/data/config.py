@@ -24,6 +24,11 @@ class PretrainDataConfig:
 
     `mlm_probability` and `max_predictions` are read by the collator, not the dataset; they
     are here so that one config describes the whole data side of a run.
+
+    These defaults are the one place the data defaults are written: `PretrainConfig` (and so
+    ``folnet pretrain`` and its ``--help``) takes from here the default of every field it
+    shares with this class but ``cache_dir`` (unset, None, means OUT/cache for a run and no
+    cache here), and ``specs/train/pretrain.toml`` does not repeat them.
     """
 
     seq_len: int = 128

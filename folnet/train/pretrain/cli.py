@@ -3,7 +3,9 @@
 The flags are generated from the dataclass (`folnet.train.options.add_flags`), so the command
 line, the TOML files under ``specs/train/`` and the Python API can never drift apart. Only flags
 the user actually gives override the file (their argparse default is None); the help shows the
-defaults of ``specs/train/pretrain.toml``, the file a run starts from.
+defaults a run starts from: ``specs/train/pretrain.toml`` over the dataclass defaults (the data
+options are not in the file; their defaults are `PretrainDataConfig`'s), loaded the way a run
+loads them, so the help cannot show a value the run would not use.
 
 The run itself prints the one closing line ("done: N steps; final model and tokenizer in ..."),
 so this wrapper prints nothing after it.
@@ -16,7 +18,7 @@ from typing import Any
 
 from folnet.cli import register_command
 from folnet.errors import FolnetError
-from folnet.train.options import add_flags, given_flags, read_toml
+from folnet.train.options import add_flags, given_flags
 
 
 def _model_item(text: str) -> tuple[str, Any]:
@@ -32,12 +34,20 @@ def _model_item(text: str) -> tuple[str, Any]:
     return key, raw
 
 
+def run_defaults() -> dict[str, Any]:
+    """The options a run without ``--config`` or flags uses, as the help shows them (unset
+    options, None, are left out: their help says what happens)."""
+    from folnet.train.pretrain.config import load_pretrain_config
+
+    return {k: v for k, v in load_pretrain_config().to_dict().items() if v is not None}
+
+
 def _configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.pretrain.config import PretrainConfig, default_config_path
+    from folnet.train.pretrain.config import PretrainConfig
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options over the defaults shown here (those of "
-                   "specs/train/pretrain.toml); flags override both")
+                   "specs/train/pretrain.toml over the built-in ones); flags override both")
     add_flags(p, PretrainConfig, {
         "model": lambda q, text: q.add_argument(
             "--model", metavar="KEY=VALUE", action="append", type=_model_item, default=None,
@@ -45,7 +55,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "resume": lambda q, text: q.add_argument(
             "--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
             help=text + " (bare --resume: latest)"),
-    }, defaults=read_toml(default_config_path()))
+    }, defaults=run_defaults())
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,10 +1,13 @@
 """`PretrainConfig`: every pretraining option in one frozen dataclass, loadable from TOML.
 
-Precedence, lowest first: the defaults in ``specs/train/pretrain.toml`` (kept equal to the
-dataclass defaults by a test), a ``--config FILE``, then command-line flags. Each field maps to
-a flag of the same name with dashes (``batch_size`` -> ``--batch-size``), so error messages
-name the flag a user would type. Model size overrides (D1, D2, L, dropout, ...) go in a
-``[model]`` table or ``--model KEY=VALUE``.
+Precedence, lowest first: the dataclass defaults, the defaults file
+``specs/train/pretrain.toml``, a ``--config FILE``, then command-line flags. Each data default
+is written once: an option that `PretrainDataConfig` also has (``seq_len``, ``objective``,
+``encoding``, ...) takes its default from that dataclass, and the defaults file leaves it out;
+the file repeats only the run's own options, kept equal to the dataclass defaults by
+``tests/test_pretrain_defaults.py``. Each field maps to a flag of the same name with dashes
+(``batch_size`` -> ``--batch-size``), so error messages name the flag a user would type. Model
+size overrides (D1, D2, L, dropout, ...) go in a ``[model]`` table or ``--model KEY=VALUE``.
 
 Why `batch_size` is the *global* batch (sequences per optimiser step over all processes and
 accumulation micro-batches): the paper's 131,072-sequence batch is a property of the recipe, not
@@ -15,13 +18,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError, choices
 from folnet.train.data.checks import canonical_encoding
-from folnet.train.data.config import OBJECTIVES
+from folnet.train.data.config import OBJECTIVES, PretrainDataConfig
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.memory import parse_budget
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
@@ -42,6 +45,16 @@ RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "de
 # Options a resumption may change at a cost: a new --steps (no fewer than the checkpoint's
 # step) recomputes the learning-rate schedule; checked by `folnet.train.pretrain.start`.
 RESUME_RESCHEDULED = frozenset({"steps"})
+
+# The defaults of the data side of a run, written only in `PretrainDataConfig` (the dataset and
+# collator read them from there when built without a run), so the two cannot drift.
+_DATA_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(PretrainDataConfig)}
+
+
+def _data_option(name: str, help_text: str) -> Any:
+    """An option that `PretrainDataConfig` also has, with that dataclass's default (a name it
+    lacks is a KeyError at import, not a silently different default)."""
+    return option(_DATA_DEFAULTS[name], help_text)
 
 
 def _model_overrides(flag: str, value: Any) -> tuple[tuple[str, Any], ...]:
@@ -65,20 +78,25 @@ class PretrainConfig(Options):
     data: str = option("kinship", "corpus: a file, a folder, a glob, a save_to_disk folder, "
                        "'kinship' or 'kinship-symbolic' (.txt .json .jsonl .csv .parquet .arrow; "
                        ".gz .bz2 .xz .zst)")
-    text_column: str = option("text", "the column that holds the text (json, csv, parquet, "
-                              "arrow, saved datasets)")
-    encoding: str = option("utf-8", "how text, JSON and CSV corpus files are decoded (e.g. "
-                           "latin-1); a byte that does not decode is an error")
-    kinship_documents: int = option(2000, "documents of the generated kinship corpus")
-    streaming: bool = option(False, "stream the corpus instead of tokenising it up front")
+    # The data options: their defaults are `PretrainDataConfig`'s (see `_data_option`).
+    text_column: str = _data_option("text_column", "the column that holds the text (json, csv, "
+                                    "parquet, arrow, saved datasets)")
+    encoding: str = _data_option("encoding", "how text, JSON and CSV corpus files are decoded "
+                                 "(e.g. latin-1); a byte that does not decode is an error")
+    kinship_documents: int = _data_option("kinship_documents",
+                                          "documents of the generated kinship corpus")
+    streaming: bool = _data_option("streaming",
+                                   "stream the corpus instead of tokenising it up front")
+    # Unset means OUT/cache here, but no cache at all in PretrainDataConfig: not the same default.
     cache_dir: str | None = option(None, "tokenised-data cache (default OUT/cache)")
     tokenizer: str | None = option(None, "tokenizer.json, vocab.txt or a directory; default: "
                                          "train one on the corpus")
     vocab_size: int = option(32768, "vocabulary size when training the tokenizer")
-    seq_len: int = option(128, "tokens per sequence")
-    objective: str = option("nsp", "sentence-pair objective: nsp or sop")
-    mlm_probability: float = option(0.15, "share of tokens chosen for MLM")
-    max_predictions: int = option(20, "at most this many MLM targets per sequence")
+    seq_len: int = _data_option("seq_len", "tokens per sequence")
+    objective: str = _data_option("objective", "sentence-pair objective: nsp or sop")
+    mlm_probability: float = _data_option("mlm_probability", "share of tokens chosen for MLM")
+    max_predictions: int = _data_option("max_predictions",
+                                        "at most this many MLM targets per sequence")
     batch_size: int = option(256, "global batch: sequences per optimiser step, all processes")
     grad_accum: int = option(1, "micro-batches accumulated per optimiser step (at least; "
                              "more when the step would not fit --memory-budget)")
@@ -103,7 +121,7 @@ class PretrainConfig(Options):
     precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
     activation_checkpointing: bool = option(False, "recompute layers in backward to save memory")
     compile: bool = option(False, "torch.compile the encoder (slower than eager on CPU)")
-    seed: int = option(0, "seed of data order, masks, dropout and initialisation")
+    seed: int = _data_option("seed", "seed of data order, masks, dropout and initialisation")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     log_every: int = option(10, "log every N steps")
