@@ -41,7 +41,7 @@ from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
 from folnet.arch.layer.memory import block_rows_for
-from folnet.arch.layer.relative import static_relative
+from folnet.arch.layer.relative import check_static_relative, static_relative
 from folnet.arch.layer.slots import (
     STREAMS,
     FusedOutput,
@@ -89,6 +89,8 @@ class DualStreamLayer(nn.Module):
         if cfg.position == "rpe*":  # one table per layer for keys (in a), values (in j)
             self.rel_key = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
             self.rel_value = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
+            for op in self.ops:  # an attention operator rpe* cannot read is refused here
+                check_static_relative(op.spec, cfg.dims)
         # causal layers: where each context tensor sits in its stream's context buffer
         self.context: dict[Key, int] = {}
         width = {"U": 0, "B": 0}
