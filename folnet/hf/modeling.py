@@ -140,6 +140,16 @@ class FolnetPreTrainedModel(PreTrainedModel):
                 "output_hidden_states": pick(output_hidden_states, "output_hidden_states"),
                 "output_relations": output_relations}
 
+    def _labelled(self, output_cls: type, input_ids, attention_mask, token_type_ids, labels,
+                  output_attentions, output_hidden_states, return_dict):
+        """A head with one logits tensor and ``labels`` (classification, multiple choice), its
+        outputs in ``output_cls``."""
+        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
+                                    output_attentions=output_attentions,
+                                    output_hidden_states=output_hidden_states)
+        return as_returned(output_cls(loss=out.loss, logits=out.logits, **states(out)),
+                           return_dict)
+
     def _encoder_forward(self, input_ids, attention_mask, token_type_ids, *,
                          output_attentions=None, output_hidden_states=None,
                          output_relations=None, **labels):
@@ -241,11 +251,9 @@ class FolnetForSequenceClassification(FolnetPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
-        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
-                                    output_attentions=output_attentions,
-                                    output_hidden_states=output_hidden_states)
-        return as_returned(SequenceClassifierOutput(loss=out.loss, logits=out.logits,
-                                                    **states(out)), return_dict)
+        return self._labelled(SequenceClassifierOutput, input_ids, attention_mask,
+                              token_type_ids, labels, output_attentions, output_hidden_states,
+                              return_dict)
 
 
 class FolnetForMultipleChoice(FolnetPreTrainedModel):
@@ -256,11 +264,9 @@ class FolnetForMultipleChoice(FolnetPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
-        out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
-                                    output_attentions=output_attentions,
-                                    output_hidden_states=output_hidden_states)
-        return as_returned(MultipleChoiceModelOutput(loss=out.loss, logits=out.logits,
-                                                     **states(out)), return_dict)
+        return self._labelled(MultipleChoiceModelOutput, input_ids, attention_mask,
+                              token_type_ids, labels, output_attentions, output_hidden_states,
+                              return_dict)
 
 
 class FolnetForQuestionAnswering(FolnetPreTrainedModel):
