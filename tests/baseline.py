@@ -4,7 +4,7 @@ It runs the same function with the same parameters as a `folnet.FolnetModel` (it
 but the way a direct transcription of the paper would: one projection Linear per kernel and per
 premise, the softmax materialised and then contracted with ``torch.einsum``, one output Linear
 per operator, the binary FFN on an explicit concatenation with a materialised transpose, and
-MLM logits for every token. tests/test_baseline_equivalence.py checks folnet against it, and
+MLM logits for every token. tests/arch/test_baseline_equivalence.py checks folnet against it, and
 benchmarks/train_step.py and long_memory.py measure folnet against it (they import it from
 here: an oracle belongs with the tests).
 """

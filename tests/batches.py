@@ -1,9 +1,12 @@
-"""Batches of the text-to-text objectives for the tests of the decoder and the
-encoder-decoder (their only users): `lm_batch` pads token-id sequences into (input_ids,
-attention_mask, labels), optionally with a random PrefixLM split per row; `prefix_lm_batch`
-splits each sequence at a random point (the prefix is the input, the rest the target);
-`span_corruption_batch` is T5's objective (random spans replaced by sentinel ids in the input;
-the target lists each sentinel and its span). Padded on the right; ignored labels are -100.
+"""Batches for the model tests.
+
+`pretraining_batch` is an encoder's pretraining batch (token ids, segment ids, MLM labels at a
+few positions, NSP labels). The text-to-text objectives, for the tests of the decoder and the
+encoder-decoder: `lm_batch` pads token-id sequences into (input_ids, attention_mask, labels),
+optionally with a random PrefixLM split per row; `prefix_lm_batch` splits each sequence at a
+random point (the prefix is the input, the rest the target); `span_corruption_batch` is T5's
+objective (random spans replaced by sentinel ids in the input; the target lists each sentinel
+and its span). Padded on the right; ignored labels are -100.
 """
 
 from __future__ import annotations
@@ -16,6 +19,21 @@ import torch
 
 from folnet.arch.objectives import IGNORE, shift_right
 from folnet.errors import FolnetError
+
+
+def pretraining_batch(vocab: int = 300, B: int = 2, T: int = 12, seed: int = 0,
+                      masked: Sequence[int] = (3, 8), nsp: Sequence[int] = (0, 1)):
+    """(input_ids, token_type_ids, mlm_labels, nsp_labels): random ids in [5, vocab), the second
+    half of each row segment 1, the MLM labels the ids at the ``masked`` positions (-100
+    elsewhere: the ids are not replaced), one NSP label per row."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    types = torch.zeros_like(ids)
+    types[:, T // 2 :] = 1
+    labels = torch.full_like(ids, IGNORE)
+    for position in masked:
+        labels[:, position] = ids[:, position]
+    return ids, types, labels, torch.tensor(list(nsp))
 
 
 @dataclass

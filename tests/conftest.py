@@ -6,6 +6,10 @@ import torch
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test files live in folders by what they test (ops/, arch/, hf/, data/, train/, project/);
+# the helpers they share (tolerances, paths, runs, ...) are the modules of tests/ itself, which
+# every folder imports by name. The folders are not packages: pytest imports each test file by
+# its bare name, so no two test files may share one.
 sys.path.insert(0, os.path.dirname(__file__))
 
 

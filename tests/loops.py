@@ -2,7 +2,8 @@
 
 Written independently of the spec machinery: each function spells out its operator's sum with
 nested loops over Python floats, including the softmax over the R-dim and the causal rule
-(reduction over a <= x; Table 5 masks). Used only by the tests.
+(reduction over a <= x; Table 5 masks); then the same for the tests' custom operators. Used only
+by the tests.
 """
 
 from __future__ import annotations
@@ -124,6 +125,35 @@ def loop_t(K, v, causal=False):
                     u[b, x, y, h] = sum(
                         p[a] * float(v[b, a, y, h]) * (1.0 if (not causal or y <= a) else 0.0)
                         for a in range(T))
+    return u
+
+
+def loop_bprod(K, v):
+    # the tests' custom operator bprod (q: B <- B x U):
+    # u_h(x, y) = sum_w K_w(x, y) v_hw(x); K (B,X,Y,W), v (B,X,H,W)
+    B, T, _, W = K.shape
+    H = v.shape[2]
+    u = torch.zeros(B, T, T, H, dtype=torch.float64)
+    for b in range(B):
+        for x in range(T):
+            for y in range(T):
+                for h in range(H):
+                    u[b, x, y, h] = sum(float(K[b, x, y, w]) * float(v[b, x, h, w])
+                                        for w in range(W))
+    return u
+
+
+def loop_trans_first(K, v):
+    # the tests' custom operator trans_first (r: B <- B x B; conftest.py's trans_first), t's
+    # kernel transposed: u_h(x, y) = sum_a softmax_a(K_h(a, x)) v_h(a, y); K (B,A,X,H), v (B,A,Y,H)
+    B, T, _, H = K.shape
+    u = torch.zeros(B, T, T, H, dtype=torch.float64)
+    for b in range(B):
+        for x in range(T):
+            for h in range(H):
+                p = _softmax([float(K[b, a, x, h]) for a in range(T)])
+                for y in range(T):
+                    u[b, x, y, h] = sum(p[a] * float(v[b, a, y, h]) for a in range(T))
     return u
 
 

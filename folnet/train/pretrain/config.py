@@ -5,7 +5,7 @@ Precedence, lowest first: the dataclass defaults, the defaults file
 is written once: an option that `PretrainDataConfig` also has (``seq_len``, ``objective``,
 ``encoding``, ...) takes its default from that dataclass, and the defaults file leaves it out;
 the file repeats only the run's own options, kept equal to the dataclass defaults by
-``tests/test_pretrain_defaults.py``. Each field maps to a flag of the same name with dashes
+``tests/train/test_pretrain_defaults.py``. Each field maps to a flag of the same name with dashes
 (``batch_size`` -> ``--batch-size``), so error messages name the flag a user would type. Model
 size overrides (D1, D2, L, dropout, ...) go in a ``[model]`` table or ``--model KEY=VALUE``.
 

@@ -10,9 +10,9 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 import folnet
 from folnet.cli import DefaultsFormatter, build_parser, main
@@ -20,7 +20,6 @@ from folnet.train.finetune.config import default_config_path as finetune_default
 from folnet.train.options import format_default, read_toml
 from folnet.train.pretrain.config import default_config_path as pretrain_defaults
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("ops", "info", "convert", "pretrain", "finetune", "evaluate", "ablate")
 
 

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import OFFICIAL as PREFIX
 from tolerances import assert_stored
 
 import folnet
 from folnet.cli import main as cli_main
 
-# A copy of ../shared/fixtures/official (made by the released FOLNet code) kept in the repository
-# so that a clean clone tests against it.
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "official"
-PREFIX = FIXTURE / "tiny-jmc.atp"
+# PREFIX, tests/fixtures/official: a copy of ../shared/fixtures/official (made by the released
+# FOLNet code) kept in the repository so that a clean clone tests against it.
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,13 @@ second whose one line names config.json, the field and the expression.
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from model_dirs import edited_copy, setter
 
 import folnet
 from folnet.arch.config import SIZE_LIMITS
@@ -80,16 +79,6 @@ def saved(tmp_path_factory) -> Path:
     return directory
 
 
-def _edited(saved: Path, tmp_path: Path, change) -> Path:
-    """A copy of ``saved`` whose config.json went through ``change(meta)``."""
-    target = tmp_path / "edited"
-    shutil.copytree(saved, target)
-    meta = json.loads((target / "config.json").read_text())
-    change(meta)
-    (target / "config.json").write_text(json.dumps(meta))
-    return target
-
-
 def _refused(directory: Path) -> str:
     """Load ``directory``: it must fail with a FolnetError within a second; its message."""
     start = time.perf_counter()
@@ -117,8 +106,8 @@ def _operator(meta: dict) -> dict:
                          ids=[c[0] for c in SIZE_CASES])
 def test_a_hostile_size_expression_is_refused_fast_in_one_line(saved, tmp_path, expression,
                                                                 words):
-    directory = _edited(saved, tmp_path,
-                        lambda meta: _operator(meta)["sizes"].__setitem__("h", expression))
+    directory = edited_copy(saved, tmp_path,
+                            lambda meta: _operator(meta)["sizes"].__setitem__("h", expression))
     message = _refused(directory)
     assert "operators[0]: operator 'q' (bprod): field 'sizes': h" in message
     assert _quoted(expression) in message
@@ -133,8 +122,8 @@ def test_a_hostile_size_expression_is_refused_fast_in_one_line(saved, tmp_path, 
 def test_a_hostile_scale_expression_is_refused_fast_in_one_line(saved, tmp_path, expression,
                                                                  words):
     role = random.Random(expression).choice(["kernel_proj", "premise_proj"])
-    directory = _edited(saved, tmp_path,
-                        lambda meta: _operator(meta)[role].__setitem__("scale", expression))
+    directory = edited_copy(saved, tmp_path,
+                            lambda meta: _operator(meta)[role].__setitem__("scale", expression))
     message = _refused(directory)
     assert f"operator 'q' (bprod): field {role!r}: 'scale'" in message
     assert repr(expression) in message
@@ -145,7 +134,7 @@ def test_a_hostile_scale_expression_is_refused_fast_in_one_line(saved, tmp_path,
 @pytest.mark.parametrize("value", [2**63, 2**31, NUM_LABELS_LIMIT + 1, 0, -3, True, 2.0, "2"],
                          ids=repr)
 def test_a_hostile_num_labels_is_refused_fast_in_one_line(saved, tmp_path, value):
-    directory = _edited(saved, tmp_path, lambda meta: meta.__setitem__("num_labels", value))
+    directory = edited_copy(saved, tmp_path, setter("num_labels", value))
     message = _refused(directory)
     assert f"field 'num_labels' must be an integer in [1, {NUM_LABELS_LIMIT}], got {value!r}" \
         in message
@@ -160,7 +149,7 @@ def test_a_label_map_larger_than_the_limit_is_refused(saved, tmp_path, monkeypat
         del meta["num_labels"]
         meta["id2label"] = {str(i): f"label {i}" for i in range(6)}
 
-    directory = _edited(saved, tmp_path, change)
+    directory = edited_copy(saved, tmp_path, change)
     message = _refused(directory)
     assert "field 'id2label' has 6 entries, more than the limit 5" in message
 
@@ -173,8 +162,7 @@ INT_FIELDS = sorted(SIZE_LIMITS)
 def test_every_integer_model_field_is_range_checked_before_torch(saved, tmp_path, field, kind):
     limit = SIZE_LIMITS[field]
     value = {"int64": 2**63, "above": limit + 1, "bool": True, "float": 8.0}[kind]
-    directory = _edited(saved, tmp_path,
-                        lambda meta: meta["model"].__setitem__(field, value))
+    directory = edited_copy(saved, tmp_path, setter(f"model.{field}", value))
     message = _refused(directory)
     assert f"model.{field} must be an integer in [1, {limit}], got {value!r}" in message
 
@@ -259,8 +247,8 @@ def test_transformers_loading_names_the_file_too(saved, tmp_path):
 
     for name, change in (
             ("size", lambda meta: _operator(meta)["sizes"].__setitem__("h", "9**9**9")),
-            ("labels", lambda meta: meta.__setitem__("num_labels", 2**63))):
-        directory = _edited(saved, tmp_path / name, change)
+            ("labels", setter("num_labels", 2**63))):
+        directory = edited_copy(saved, tmp_path / name, change)
         start = time.perf_counter()
         with pytest.raises(folnet.FolnetError) as info:
             FolnetForSequenceClassification.from_pretrained(str(directory))
@@ -275,8 +263,8 @@ def test_the_command_line_refuses_a_hostile_init_from_with_exit_2(saved, tmp_pat
         pytest.importorskip(module)
     from folnet.cli import main
 
-    directory = _edited(saved, tmp_path,
-                        lambda meta: _operator(meta)["sizes"].__setitem__("h", "9**9**9"))
+    directory = edited_copy(saved, tmp_path,
+                            lambda meta: _operator(meta)["sizes"].__setitem__("h", "9**9**9"))
     out = tmp_path / "run"
     capsys.readouterr()
     start = time.perf_counter()

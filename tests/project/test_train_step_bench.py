@@ -8,11 +8,11 @@ import json
 import math
 import statistics
 import sys
-from pathlib import Path
 
 import pytest
+from paths import BENCHMARKS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(BENCHMARKS))
 import train_step
 
 

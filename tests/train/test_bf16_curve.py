@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from paths import BENCHMARKS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(BENCHMARKS))
 from bf16_curve import compare, curve, learnable_batch
 from tolerances import assert_at_most
 

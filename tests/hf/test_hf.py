@@ -7,7 +7,6 @@ reads a folnet tokenizer directory, and Trainer trains a folnet classifier."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="the [hf] extra is not installed")
 datasets = pytest.importorskip("datasets", reason="the [train] extra is not installed")
 
+from paths import FIXTURES  # noqa: E402
 from tolerances import assert_stored  # noqa: E402
 
 import folnet  # noqa: E402
@@ -23,7 +23,6 @@ import folnet.hf  # noqa: E402  (registers the Auto classes)
 from folnet.hf import FolnetConfig, FolnetForSequenceClassification  # noqa: E402
 
 AUTO = transformers
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 V = 100
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import OFFICIAL as RELEASED
 
 import folnet
 from folnet.cli import main
@@ -39,7 +40,6 @@ MODERATE = 5_000
 WIDE = 200_000
 #: A field past folnet's limit too.
 TOO_WIDE = (1 << 20) + 10
-RELEASED = Path(__file__).resolve().parent / "fixtures" / "official" / "tiny-jmc.atp"
 SOURCE_ROOT = Path(folnet.__file__).resolve().parents[1]  # the code under test
 
 

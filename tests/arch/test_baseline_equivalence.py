@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from baseline import BaselineFolnet
+from batches import pretraining_batch
 from tolerances import assert_close
 
 import folnet
@@ -16,13 +17,7 @@ def test_baseline_matches_folnet():
     model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=300).eval()
     model.relations = True  # the baseline computes the final binary stream
     base = BaselineFolnet(model).eval()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 300, (2, 20), generator=g)
-    types = torch.zeros_like(ids)
-    types[:, 10:] = 1
-    labels = torch.full_like(ids, -100)
-    labels[:, 4] = ids[:, 4]
-    nsp = torch.tensor([0, 1])
+    ids, types, labels, nsp = pretraining_batch(T=20, masked=[4])
     with torch.no_grad():
         a = model(ids, types, mlm_labels=labels, nsp_labels=nsp)
         b = base(ids, types, mlm_labels=labels, nsp_labels=nsp)

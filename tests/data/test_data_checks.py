@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
@@ -34,8 +35,6 @@ from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import get_task, read_split
 from folnet.train.tasks.glue import read_glue
 from folnet.train.tasks.squad import read_squad
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # -- SQuAD ---------------------------------------------------------------------------------------
 

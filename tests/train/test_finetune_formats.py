@@ -21,6 +21,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from paths import ROOT
 from runs import tiny_pretrained_run, write
 from safetensors.torch import load_file
 
@@ -583,5 +584,5 @@ def test_the_tasks_package_imports_without_datasets():
     code = ("import sys; import folnet.train.finetune.cli, folnet.train.tasks; "
             "print(sorted(m for m in ('datasets', 'pyarrow', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).parent.parent)
+                          check=True, cwd=ROOT)
     assert done.stdout.strip() == "[]"

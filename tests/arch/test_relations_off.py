@@ -6,22 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import pretraining_batch
 from tolerances import assert_close
 
 import folnet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _batch(vocab=300, B=2, T=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (B, T), generator=g)
-    types = torch.zeros_like(ids)
-    types[:, T // 2 :] = 1
-    labels = torch.full_like(ids, -100)
-    labels[:, 3] = ids[:, 3]
-    labels[:, 8] = ids[:, 8]
-    return ids, types, labels, torch.tensor([0, 1])
 
 
 def _loss_and_grads(model, relations, batch):
@@ -44,7 +34,7 @@ def test_same_loss_and_gradients_without_the_final_relations(ops, position, chec
     model = folnet.build_model(ops, preset="tiny", head="pretraining", vocab_size=300,
                                dropout=0.0, attention_dropout=0.0, position=position).train()
     model.set_activation_checkpointing(checkpointing)
-    batch = _batch()
+    batch = pretraining_batch()
     full, g_full = _loss_and_grads(model, True, batch)
     lean, g_lean = _loss_and_grads(model, False, batch)
     assert full.relation_output is not None and lean.relation_output is None

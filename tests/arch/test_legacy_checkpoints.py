@@ -6,10 +6,9 @@ rounding (tests/tolerances.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from paths import LEGACY
 from safetensors.torch import load_file
 from tolerances import assert_stored, assert_tokens_lead
 
@@ -17,7 +16,6 @@ import folnet
 
 pytestmark = pytest.mark.numerics
 
-LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy"
 ENCODERS = ["encoder-classification", "encoder-pretraining-ape", "encoder-qa-rpestar",
             "encoder-custom-op"]
 

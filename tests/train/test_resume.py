@@ -110,7 +110,7 @@ def test_truncated_trainer_state_is_an_error_naming_the_file(tmp_path, finished_
     out = copy_run(finished_run, tmp_path / "run")
     state = out / "checkpoints" / "step_6" / "trainer.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
-    # named explicitly: a plain --resume would fall back to step_3 (tests/test_rundir.py)
+    # named explicitly: a plain --resume would fall back to step_3 (tests/train/test_rundir.py)
     err = resume_error(out, kin_tokenizer, capsys, str(state.parent))
     assert err.startswith("folnet pretrain: error:")
     assert str(state) in err and "corrupt or truncated" in err

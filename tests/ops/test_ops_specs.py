@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from loops import loop_bprod, loop_trans_first
 from opdata import inputs
 from tolerances import assert_close
 
@@ -128,38 +128,6 @@ def registered():
     yield made
     for symbol in made:
         folnet.unregister_operator(symbol)
-
-
-def loop_bprod(K, v):
-    # u_h(x, y) = sum_w K_w(x, y) v_hw(x); K (B,X,Y,W), v (B,X,H,W)
-    B, T, _, W = K.shape
-    H = v.shape[2]
-    u = torch.zeros(B, T, T, H, dtype=torch.float64)
-    for b in range(B):
-        for x in range(T):
-            for y in range(T):
-                for h in range(H):
-                    u[b, x, y, h] = sum(float(K[b, x, y, w]) * float(v[b, x, h, w])
-                                        for w in range(W))
-    return u
-
-
-def loop_trans_first(K, v):
-    # u_h(x, y) = sum_a softmax_a(K_h(a, x)) v_h(a, y); K (B,A,X,H), v (B,A,Y,H)
-    import math
-
-    B, T, _, H = K.shape
-    u = torch.zeros(B, T, T, H, dtype=torch.float64)
-    for b in range(B):
-        for x in range(T):
-            for h in range(H):
-                logits = [float(K[b, a, x, h]) for a in range(T)]
-                top = max(logits)
-                e = [math.exp(z - top) for z in logits]
-                p = [z / sum(e) for z in e]
-                for y in range(T):
-                    u[b, x, y, h] = sum(p[a] * float(v[b, a, y, h]) for a in range(T))
-    return u
 
 
 @pytest.mark.numerics

@@ -65,6 +65,16 @@ def stories_in(tok, ids):
     return [(int(s), int(j)) for s, j in STORY.findall(tok.decode(ids))]
 
 
+def story_pairs(dataset, tok):
+    """(story sentences of A, of B, label) for each pair of ``dataset`` whose two sides both
+    hold story sentences."""
+    for i in range(len(dataset)):
+        a, b, label = dataset.pair(i)
+        sa, sb = stories_in(tok, a), stories_in(tok, b)
+        if sa and sb:
+            yield sa, sb, label
+
+
 # -- text sources --------------------------------------------------------------------------------
 
 
@@ -178,11 +188,7 @@ def test_layout_and_label_balance_on_real_text(english, tok, objective):
 def test_nsp_pairs_continue_or_come_from_elsewhere(stories, tok):
     dataset = build_pretraining_dataset(stories, tok, PretrainDataConfig(seq_len=48, seed=2))
     checked = Counter()
-    for i in range(len(dataset)):
-        a, b, label = dataset.pair(i)
-        sa, sb = stories_in(tok, a), stories_in(tok, b)
-        if not sa or not sb:
-            continue
+    for sa, sb, label in story_pairs(dataset, tok):
         checked[label] += 1
         if label == 0:  # is next: same story, B right after A
             assert {s for s, _ in sa} == {s for s, _ in sb} and len({s for s, _ in sa}) == 1
@@ -197,11 +203,7 @@ def test_sop_swapped_pairs_are_swapped(stories, tok):
     config = PretrainDataConfig(seq_len=48, objective="sop", seed=2)
     dataset = build_pretraining_dataset(stories, tok, config)
     checked = Counter()
-    for i in range(len(dataset)):
-        a, b, label = dataset.pair(i)
-        sa, sb = stories_in(tok, a), stories_in(tok, b)
-        if not sa or not sb:
-            continue
+    for sa, sb, label in story_pairs(dataset, tok):
         checked[label] += 1
         assert len({s for s, _ in sa + sb}) == 1  # SOP never leaves the document
         if label == 0:

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from batches import pretraining_batch
 from tolerances import assert_close
 
 import folnet
@@ -24,14 +25,7 @@ def _setup(**kw):
     model = folnet.build_model("j.a", preset="tiny", head="pretraining", vocab_size=300, **kw)
     model.eval()  # no dropout: both runs see the same function
     model.relations = False  # as `folnet pretrain` runs it
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(5, 300, (2, 10), generator=g)
-    types = torch.zeros_like(ids)
-    types[:, 5:] = 1
-    labels = torch.full_like(ids, -100)
-    labels[:, 2] = ids[:, 2]
-    labels[:, 7] = ids[:, 7]
-    return model, (ids, types, labels, torch.tensor([1, 0]))
+    return model, pretraining_batch(T=10, seed=1, masked=[2, 7], nsp=[1, 0])
 
 
 def _loss_and_grads(model, batch):

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 import folnet.train.finetune.cli  # noqa: F401  (registers the finetune/evaluate commands)
 from folnet.cli import main
@@ -29,7 +30,7 @@ from folnet.train.tasks.kinship import kinship_metrics
 # the shipped laptop recipe: j.at, tiny preset with D2 = 8, F2 = 16, std 0.15, no dropout;
 # 800 steps of batch 32 over 2,000 kinship documents
 # 1,000 finetuning steps of batch 32 at lr 1e-3 over 8,000 questions
-SPECS = Path(__file__).resolve().parents[1] / "specs" / "train"
+SPECS = ROOT / "specs" / "train"
 PRETRAIN, FINETUNE = SPECS / "kinship-tiny.toml", SPECS / "kinship-finetune.toml"
 
 

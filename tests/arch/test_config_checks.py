@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from model_dirs import edited_copy, setter
+from paths import OFFICIAL, ROOT
 
 import folnet
 from folnet.arch.models.base import FolnetBase
-
-ROOT = Path(__file__).resolve().parent.parent
-OFFICIAL = ROOT / "tests" / "fixtures" / "official" / "tiny-jmc.atp"
 
 
 @pytest.fixture(scope="module")
@@ -33,27 +32,6 @@ def saved(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     folnet.build_model("j.a", preset="tiny", vocab_size=200, head="mlm").save_pretrained(directory)
     return directory
-
-
-def _damaged(saved: Path, tmp_path: Path, change) -> Path:
-    """A copy of ``saved`` whose config.json went through ``change(meta)``."""
-    target = tmp_path / "ckpt"
-    shutil.copytree(saved, target)
-    meta = json.loads((target / "config.json").read_text())
-    change(meta)
-    (target / "config.json").write_text(json.dumps(meta))
-    return target
-
-
-def _setter(field: str, value):
-    def change(meta):
-        *outer, last = field.split(".")
-        node = meta
-        for key in outer:
-            node = node[key]
-        node[last] = value
-
-    return change
 
 
 @pytest.fixture
@@ -90,7 +68,7 @@ BAD_FIELDS = [
 @pytest.mark.parametrize(("field", "value"), BAD_FIELDS,
                          ids=[f"{f}={v!r}" for f, v in BAD_FIELDS])
 def test_a_bad_config_json_field_names_the_file_and_the_field(saved, tmp_path, field, value):
-    directory = _damaged(saved, tmp_path, _setter(field, value))
+    directory = edited_copy(saved, tmp_path, setter(field, value))
     with pytest.raises(folnet.FolnetError) as info:
         folnet.from_pretrained(directory)
     message = str(info.value)
@@ -99,14 +77,14 @@ def test_a_bad_config_json_field_names_the_file_and_the_field(saved, tmp_path, f
 
 
 def test_an_unknown_saved_head_or_operator_names_the_file(saved, tmp_path):
-    directory = _damaged(saved, tmp_path, _setter("head", "ranking"))
+    directory = edited_copy(saved, tmp_path, setter("head", "ranking"))
     with pytest.raises(folnet.FolnetError, match=r"config\.json.*head 'ranking' is unknown"):
         folnet.from_pretrained(directory)
-    directory = _damaged(saved, tmp_path / "op", _setter("model.operators", [5]))
+    directory = edited_copy(saved, tmp_path / "op", setter("model.operators", [5]))
     with pytest.raises(folnet.FolnetError, match=r"config\.json: model\.operators\[0\] must be "
                                                  r"an operator spec table \(an object\), got 5"):
         folnet.from_pretrained(directory)
-    directory = _damaged(saved, tmp_path / "spec", _setter("model.operators", [{"symbol": "q"}]))
+    directory = edited_copy(saved, tmp_path / "spec", setter("model.operators", [{"symbol": "q"}]))
     with pytest.raises(folnet.FolnetError, match=r"config\.json: .*operator 'q'"):
         folnet.from_pretrained(directory)
 
@@ -123,7 +101,7 @@ def test_a_config_json_that_is_not_an_object_names_the_file(saved, tmp_path, con
 
 
 def test_absurd_sizes_beside_small_weights_fail_before_allocation(saved, tmp_path, constructions):
-    directory = _damaged(saved, tmp_path, _setter("model.D1", 10**9))
+    directory = edited_copy(saved, tmp_path, setter("model.D1", 10**9))
     start = time.perf_counter()
     with pytest.raises(folnet.FolnetError, match=r"config\.json: model\.D1 must be an integer "
                                                  r"in \[1, 65536\], got 1000000000"):
@@ -133,14 +111,14 @@ def test_absurd_sizes_beside_small_weights_fail_before_allocation(saved, tmp_pat
 
 
 def test_sizes_that_disagree_with_the_weights_name_the_tensor(saved, tmp_path, constructions):
-    directory = _damaged(saved, tmp_path, _setter("model.D1", 128))
+    directory = edited_copy(saved, tmp_path, setter("model.D1", 128))
     with pytest.raises(folnet.FolnetError) as info:
         folnet.from_pretrained(directory)
     message = str(info.value)
     assert "model.safetensors" in message and "'encoder.atoms.word.weight'" in message
     assert "(200, 64)" in message and "(200, 128)" in message and "D1=128" in message
     assert constructions == ["meta"]  # the shapes were compared before any allocation
-    directory = _damaged(saved, tmp_path / "more", _setter("model.L", 3))
+    directory = edited_copy(saved, tmp_path / "more", setter("model.L", 3))
     with pytest.raises(folnet.FolnetError, match=r"missing keys \['encoder\.layers\.2\."):
         folnet.from_pretrained(directory)
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 from runs import tiny_plan
 
 from folnet.cli import main as cli_main
@@ -27,7 +28,6 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(),
                                  reason="needs /proc (Linux) to find the row processes")]
 
-ROOT = Path(__file__).resolve().parents[1]
 
 PLAN = tiny_plan("procs", """
 [[rows]]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import OFFICIAL as PREFIX
 from released_reference import released_forward
 from tolerances import assert_rel, assert_stored, rel_error
 
 import folnet
 
-PREFIX = Path(__file__).resolve().parent / "fixtures" / "official" / "tiny-jmc.atp"
 FIELDS = ("sequence_output", "pooled_output", "relation_output", "mlm_logits", "nsp_logits")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import ROOT
 from runs import tiny_pretrained_run
 from safetensors.torch import load_file
 from torch import nn
@@ -32,7 +33,6 @@ from folnet.train.pretrain.loop import PretrainingForward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
 # The ARGS, with 10 steps logged at every step.

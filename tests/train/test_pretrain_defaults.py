@@ -16,15 +16,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from paths import ROOT
 
 from folnet.cli import DefaultsFormatter, build_parser
 from folnet.train.data.config import PretrainDataConfig
 from folnet.train.options import format_default, read_toml
 from folnet.train.pretrain.config import PretrainConfig, default_config_path, load_pretrain_config
 
-ROOT = Path(__file__).resolve().parents[1]
 #: The options the issue names; each must be one that the two dataclasses share.
 NAMED = ("seq_len", "objective", "mlm_probability", "max_predictions", "kinship_documents",
          "encoding", "text_column", "streaming")

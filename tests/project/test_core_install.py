@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from folnet.cli import EXTRAS
 from folnet.read_files import load as load_toml
 
-ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = ("tokenizers", "datasets", "transformers", "accelerate", "tqdm", "matplotlib",
           "tensorboard", "xformers", "pyarrow", "pandas", "huggingface_hub")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 DESIGN = ROOT / "docs" / "design.md"
 CITE = re.compile(r"design\.md(?:\s+|\s*\n\s*#?\s*)section\s+(\d+)", re.IGNORECASE)
 
