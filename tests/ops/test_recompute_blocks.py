@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from tolerances import assert_close, assert_rel
 
 from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
@@ -126,3 +127,14 @@ def test_no_grad_is_a_plain_loop():
     for a, b in zip(got, ref, strict=True):
         assert a.grad_fn is None
         assert_close(a, b, rtol=1e-12, atol=1e-12, what="output without grad")
+
+
+def test_inside_an_activation_checkpoint():
+    """Under `torch.utils.checkpoint` (a model's activation checkpointing) the saved inputs can
+    be unpacked once only: the gradients still equal plain autograd's."""
+    x, u, w, v = _setup(4)
+    ref_grads = _grads(_reference(x, u, w, v), (x, u, w, v))
+    outs = torch.utils.checkpoint.checkpoint(lambda a, b: _blocked(a, b, w, v, 4), x, u,
+                                             use_reentrant=False)
+    for name, a, b in zip("xuwv", _grads(outs, (x, u, w, v)), ref_grads, strict=True):
+        assert_close(a, b, rtol=1e-10, atol=1e-12, what=f"checkpointed gradient of {name}")

@@ -125,13 +125,14 @@ class _RecomputedBlocks(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         job: _Job = ctx.job
+        # (unpacked once: under activation checkpointing a second unpack is an error)
         saved = dict(zip(job.names, ctx.saved_tensors, strict=True))
         used = [name for name, g in zip(job.outputs, grads, strict=True) if g is not None]
         grads = dict(zip(job.outputs, grads, strict=True))
         totals = _Totals(saved, job)
         if used:
             wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
-            device = ctx.saved_tensors[0].device
+            device = next(iter(saved.values())).device
             restore = functools.partial(_autocast, device, ctx.autocast)
             made: dict[Hashable, torch.Tensor] = {}
             if job.prologue is not None:  # its values only: its graph is rebuilt at the end
