@@ -5,6 +5,11 @@ its 95% band (bootstrap over seeds and questions), the trained lengths shaded an
 class dashed -- the paper's CLUTRR figure. Tasks without lengths get bars of their headline
 metrics with the same intervals. Middle and right: the pretraining and finetuning loss curves,
 mean over seeds.
+
+A [compare] plan's results.png (`plot_sweep`) is the pretraining figure instead: per compared
+metric, accuracy against the swept value (the label budget), one colour per row, the pretrained
+arm solid and the scratch arm dashed, each with its 95% band; the figure above, of the
+pretrained rows at the last value, goes to results_by_k.png.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from folnet.atomic_write import atomic_write
+from folnet.train.ablate.plan import Compare
 from folnet.train.ablate.summary import k_of, per_k
 
-__all__ = ["plot"]
+__all__ = ["plot", "plot_sweep"]
 
 
 def _per_k_metrics(rows: list[dict[str, Any]]) -> tuple[str, list[str]] | None:
@@ -121,6 +127,65 @@ def plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
     task = found[0] if found else next(iter(rows[0].get("metrics", {})), None)
     _curves(axes[2], rows, lambda r: r.get("finetune_curves", {}).get(task),
             "finetuning step", f"finetuning loss ({task})")
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
+    plt.close(fig)
+    return path
+
+
+def _sweep_panel(ax: Any, rows: list[dict[str, Any]], compare: Compare, task: str,
+                 metric: str) -> None:
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                  for v in compare.values)
+    xs = list(compare.values) if numeric else list(range(len(compare.values)))
+    colours = [f"C{i % 10}" for i in range(len(rows))]
+    for row, colour in zip(rows, colours, strict=True):
+        for arm, style in (("pretrained", "-"), ("scratch", "--")):
+            points = []
+            for x, value in zip(xs, compare.values, strict=True):
+                cell = next((c for c in row.get("cells", ()) if c.get("arm") == arm
+                             and c.get("value") == value), None)
+                spread = (cell or {}).get("metrics", {}).get(task, {}).get(metric)
+                if spread:
+                    points.append((x, spread))
+            if not points:
+                continue
+            px = [x for x, _ in points]
+            ax.plot(px, [s["mean"] for _, s in points], style, color=colour,
+                    marker="o" if arm == "pretrained" else "s", markersize=4,
+                    label=f"{row['name']} {arm}")
+            ax.fill_between(px, [s["low"] for _, s in points], [s["high"] for _, s in points],
+                            color=colour, alpha=0.12 if arm == "pretrained" else 0.06,
+                            linewidth=0)
+    if numeric and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(v) for v in compare.values])
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel(compare.option or "setting")
+    ax.set_ylabel(f"{task} {metric}")
+    ax.set_title(f"{metric}: pretrained (solid) vs scratch (dashed), 95% bands")
+    ax.legend(fontsize=7)
+
+
+def plot_sweep(rows: list[dict[str, Any]], compare: Compare, metrics: list[tuple[str, str]],
+               path: Path, *, title: str) -> Path | None:
+    """Write the pretraining figure of a [compare] plan (one panel per (task, metric) of
+    ``metrics``, at most three) to ``path``; None without matplotlib or metrics."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the train extra
+        return None
+    metrics = metrics[:3]
+    if not metrics:
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 5), squeeze=False)
+    for ax, (task, metric) in zip(axes[0], metrics, strict=True):
+        _sweep_panel(ax, rows, compare, task, metric)
     fig.suptitle(title)
     fig.tight_layout()
     atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))

@@ -22,6 +22,10 @@ A plan::
     D2 = 16
     loss = "MLM.NSP"                 # or MLM.SOP
 
+    [compare]                        # optional: what pretraining adds (see `Compare`)
+    scratch_steps = 1                # pretraining steps of the "scratch" arm
+    sweep = { kinship_train_size = [400, 1000] }   # one [finetune] option, its values
+
 Every fault -- an unknown key, an invalid operator string, a missing data path, an unknown
 task -- is a `FolnetError` naming the row and the problem, raised by `load_plan` before any
 training starts.
@@ -29,9 +33,10 @@ training starts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,14 +45,23 @@ from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
 from folnet.read_files import parse_json
 from folnet.train.data.documents import EMBEDDED, KINSHIP
+from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.options import read_toml, specs_file
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import family_of, get_task
 
 LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop"}
 PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "pretrain",
-             "finetune", "rows")
+             "finetune", "rows", "compare")
 ROW_KEYS = ("name", "ops", "position", "D2", "loss", "paper")
+COMPARE_KEYS = ("scratch_steps", "sweep")
+#: [finetune] options the plan sets for every run, so neither [finetune] nor a sweep may
+PLAN_SET_FINETUNE = ("task", "data", "checkpoint", "out", "seeds")
+#: ...and those a sweep may not vary either: every cell of a row answers the same questions
+#: with the same run seed, so that the arms and the sweep's values compare question by question
+UNSWEPT = (*PLAN_SET_FINETUNE, "seed", "data_seed")
+#: The two arms of a comparison: the plan's pretraining, and `Compare.scratch_steps` of it.
+ARMS = ("pretrained", "scratch")
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,32 @@ class AblationRow:
 
 
 @dataclass(frozen=True)
+class Compare:
+    """Pretrained against scratch: every row and seed is pretrained twice -- the plan's steps
+    (the ``pretrained`` arm) and ``scratch_steps`` (the ``scratch`` arm: same seed, corpus,
+    tokenizer and initialisation; one step that warmup runs at learning rate 0 leaves the
+    initial weights) -- and each arm is finetuned once per value of the swept [finetune]
+    ``option`` (the label budget, ``kinship_train_size``), on the same questions. Without a
+    sweep (``option`` None) each arm is finetuned once, with [finetune] as it is."""
+
+    scratch_steps: int = 1
+    option: str | None = None
+    values: tuple[Any, ...] = (None,)
+
+    def cells(self) -> list[tuple[str, Any]]:
+        """(arm, value) of every finetuning a seed of a row runs, arm by arm."""
+        return [(arm, value) for arm in ARMS for value in self.values]
+
+    def overrides(self, value: Any) -> dict[str, Any]:
+        """The [finetune] options one value of the sweep sets."""
+        return {} if self.option is None else {self.option: value}
+
+    def cell_name(self, arm: str, value: Any) -> str:
+        """A directory name for one cell: ``pretrained``, ``scratch-kinship_train_size=400``."""
+        return arm if self.option is None else f"{arm}-{self.option}={value}"
+
+
+@dataclass(frozen=True)
 class AblationPlan:
     name: str
     rows: tuple[AblationRow, ...]
@@ -87,6 +127,7 @@ class AblationPlan:
     pretrain: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     finetune: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     source: str = "<plan>"
+    compare: Compare | None = None  # pretrained against scratch, over a sweep
 
 
 def _row(raw: Any, index: int, plan_name: str, preset: str, num_layers: int) -> AblationRow:
@@ -149,7 +190,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     finetune = data.get("finetune", {})
     if not isinstance(finetune, Mapping):
         raise FolnetError(f"{source}: [finetune] must be a table")
-    for key in ("task", "data", "checkpoint", "out", "seeds"):
+    for key in PLAN_SET_FINETUNE:
         if key in finetune:
             raise FolnetError(f"{source}: [finetune] must not set {key!r}; the plan sets it "
                               f"(the plan's 'seeds' runs whole rows, pretraining included)")
@@ -173,11 +214,65 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     seeds = int(overrides.get("seeds") or data.get("seeds", 1))
     if seeds < 1:
         raise FolnetError(f"plan {name!r}: seeds must be >= 1, got {seeds}")
+    compare = None
+    if "compare" in data:
+        steps = pretrain.get("steps", PretrainConfig.steps)
+        compare = _compare(data["compare"], name, steps, finetune)
     return AblationPlan(name=name, rows=rows, data=plan_data, tasks=tasks,
                         task_data=tuple(sorted(task_data.items())), seeds=seeds,
                         description=str(data.get("description", "")),
                         pretrain=tuple(pretrain.items()), finetune=tuple(finetune.items()),
-                        source=source)
+                        source=source, compare=compare)
+
+
+def _compare(raw: Any, name: str, steps: int, finetune: Mapping[str, Any]) -> Compare:
+    """The [compare] table, checked: scratch steps below the plan's, one swept [finetune]
+    option whose every value makes a valid finetuning run."""
+    where = f"plan {name!r} [compare]"
+    if not isinstance(raw, Mapping):
+        raise FolnetError(f"{where} must be a table, got {raw!r}")
+    unknown = sorted(set(raw) - set(COMPARE_KEYS))
+    if unknown:
+        raise FolnetError(f"{where}: unknown key(s) {unknown}; allowed: {list(COMPARE_KEYS)}")
+    scratch = raw.get("scratch_steps", Compare.scratch_steps)
+    if isinstance(scratch, bool) or not isinstance(scratch, int) or scratch < 1:
+        raise FolnetError(f"{where}: scratch_steps must be an integer >= 1, got {scratch!r} "
+                          f"(pretraining also builds the tokenizer and the checkpoint the "
+                          f"finetuning starts from; its first step runs at learning rate 0 "
+                          f"under warmup, so 1 step leaves the initial weights)")
+    if scratch >= steps:
+        raise FolnetError(f"{where}: scratch_steps = {scratch} must be fewer than the "
+                          f"pretraining steps ({steps}), or the two arms are the same run")
+    sweep = raw.get("sweep")
+    if sweep is None:
+        return Compare(scratch_steps=scratch)
+    if not isinstance(sweep, Mapping) or len(sweep) != 1:
+        raise FolnetError(f"{where}: sweep must be a table of one [finetune] option and its "
+                          f"values, e.g. sweep = {{ kinship_train_size = [400, 1000] }}; got "
+                          f"{sweep!r}")
+    ((option, values),) = sweep.items()
+    known = sorted(f.name for f in dataclasses.fields(FinetuneConfig))
+    if option not in known:
+        raise FolnetError(f"{where}: sweep option {option!r} is no [finetune] option (e.g. "
+                          f"kinship_train_size, max_steps, lr); known: {known}")
+    if option in UNSWEPT:
+        raise FolnetError(f"{where}: sweep option {option!r} cannot be swept (the plan sets "
+                          f"{list(UNSWEPT)} alike for every cell)")
+    if option in finetune:
+        raise FolnetError(f"{where}: sweep option {option!r} is set in [finetune] too "
+                          f"({finetune[option]!r}); leave it to the sweep")
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise FolnetError(f"{where}: sweep {option} must be a non-empty list of values, got "
+                          f"{values!r}")
+    if len({repr(v) for v in values}) != len(values):
+        raise FolnetError(f"{where}: sweep {option} repeats a value: {list(values)!r}")
+    for value in values:
+        try:
+            FinetuneConfig.from_dict({**finetune, option: value},
+                                     source=f"plan {name!r} [finetune]")
+        except FolnetError as exc:
+            raise FolnetError(f"{where}: sweep {option} = {value!r}: {exc}") from None
+    return Compare(scratch_steps=scratch, option=str(option), values=tuple(values))
 
 
 def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]) -> None:
@@ -212,9 +307,15 @@ def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
         if r.D2 is not None:
             row["D2"] = r.D2
         rows.append(row)
-    return {"name": plan.name, "description": plan.description, "data": plan.data,
-            "tasks": list(plan.tasks), "task_data": dict(plan.task_data), "seeds": plan.seeds,
-            "pretrain": dict(plan.pretrain), "finetune": dict(plan.finetune), "rows": rows}
+    out = {"name": plan.name, "description": plan.description, "data": plan.data,
+           "tasks": list(plan.tasks), "task_data": dict(plan.task_data), "seeds": plan.seeds,
+           "pretrain": dict(plan.pretrain), "finetune": dict(plan.finetune), "rows": rows}
+    if plan.compare is not None:  # absent otherwise: plans written before it read the same
+        compare: dict[str, Any] = {"scratch_steps": plan.compare.scratch_steps}
+        if plan.compare.option is not None:
+            compare["sweep"] = {plan.compare.option: list(plan.compare.values)}
+        out["compare"] = compare
+    return out
 
 
 def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> AblationPlan:

@@ -3,6 +3,10 @@ results.json and results.png.
 
 Every metric is reported as mean ± seed std with its 95% bootstrap interval; under the table
 the report says in words which differences between rows exceed their spread and which do not.
+A [compare] plan's report leads with the pretraining gain of every row at every swept value
+(`folnet.train.ablate.gain`) and its figure (accuracy against the swept value, pretrained and
+scratch); then, per value, the table above of the pretrained rows, with the operator comparison
+in words. Its csv has a line per row, arm and value.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from folnet.atomic_write import atomic_write_json, atomic_write_text
-from folnet.train.ablate.figure import plot
+from folnet.train.ablate.figure import plot, plot_sweep
+from folnet.train.ablate.gain import cell_of, gain_table, gain_text, gains
+from folnet.train.ablate.plan import Compare
 from folnet.train.ablate.summary import compare_rows, k_of, per_k
 
-__all__ = ["csv_text", "markdown_table", "metric_columns", "per_k", "read_rows",
-           "significance_text", "write_reports"]
+__all__ = ["compare_markdown", "csv_text", "markdown_table", "metric_columns", "per_k",
+           "read_rows", "significance_text", "write_reports"]
 
 #: The metrics whose pairwise differences the report spells out (when a task has them).
 COMPARED = ("accuracy_seen", "accuracy_unseen")
@@ -179,6 +185,8 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     """One line per row; every metric as mean, std, low and high columns."""
     fields = ["name", "ops", "position", "D2", "loss", "num_seeds", "params",
               "flops_per_token", "pretrain_seconds", "finetune_seconds"]
+    if any("arm" in r for r in rows):  # the cells of a [compare] plan
+        fields[1:1] = ["arm", "value", "pretrain_steps"]
     spreads = [("", "tokens_per_s"), ("", "mlm_loss")]
     spreads += metric_columns(rows) + metric_columns(rows, by_k=True)
     buf = io.StringIO()
@@ -194,10 +202,52 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def _cells(rows: list[dict[str, Any]], arm: str, value: Any) -> list[dict[str, Any]]:
+    return [c for r in rows if (c := cell_of(r, arm, value)) is not None]
+
+
+def _scratch_words(rows: list[dict[str, Any]], compare: Compare) -> str:
+    """How much the scratch arm pretrained, from its seeds' records."""
+    updates = {s.get("pretrain_updates") for v in compare.values
+               for c in _cells(rows, "scratch", v) for s in c.get("seeds", ())}
+    text = f"The scratch arm pretrains {compare.scratch_steps} step(s)"
+    if updates == {0}:
+        return text + (" at learning rate 0 (the warmup's first step): its weights are the "
+                       "initialisation, its tokenizer the pretrained arm's.")
+    return text + f" ({', '.join(map(str, sorted(u for u in updates if u is not None)))} " \
+                  f"update(s) at a learning rate above 0); its tokenizer is the pretrained arm's."
+
+
+def compare_markdown(rows: list[dict[str, Any]], compare: Compare, *,
+                     title: str = "") -> tuple[str, list[Any]]:
+    """The [compare] report: the pretraining gain (table and words), then per swept value the
+    pretrained rows' table and operator comparison; and the gains, for results.json."""
+    pretrained = [c for v in compare.values for c in _cells(rows, "pretrained", v)]
+    found = [g for task, metric in _compared(pretrained)
+             for g in gains(rows, compare.values, task, metric)]
+    seeds = sorted({g.seeds for g in found})
+    lines = [f"### {title}", ""] if title else []
+    lines += ["Pretraining gain: pretrained minus scratch accuracy on the same test questions. "
+              "Each seed's two arms share the initial weights, the corpus, the tokenizer and "
+              "the finetuning seed; the 95% interval is a paired bootstrap (seeds drawn once "
+              "for both arms, and each drawn seed's questions once for both; "
+              f"{'/'.join(map(str, seeds)) or '-'} seed(s) per cell; * marks an interval that "
+              f"excludes 0). {_scratch_words(rows, compare)}", "",
+              gain_table(found, compare.option), "", gain_text(found, compare.option), ""]
+    for value in compare.values:
+        at = f", {compare.option} = {value}" if compare.option is not None else ""
+        cells = _cells(rows, "pretrained", value)
+        if cells:
+            lines += [markdown_table(cells, title=f"Pretrained rows{at}"), ""]
+    return "\n".join(lines).rstrip() + "\n", found
+
+
 def write_reports(rows: list[dict[str, Any]], out: Path, *, plan_name: str,
-                  header: str = "") -> dict[str, Path]:
+                  header: str = "", compare: Compare | None = None) -> dict[str, Path]:
     """Write every report file into ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
+    if compare is not None:
+        return _write_compare(rows, out, plan_name=plan_name, header=header, compare=compare)
     md = (header + "\n\n" if header else "") + markdown_table(rows, title=plan_name)
     paths = {
         "md": atomic_write_text(out / "results.md", md),
@@ -207,6 +257,28 @@ def write_reports(rows: list[dict[str, Any]], out: Path, *, plan_name: str,
     png = plot(rows, out / "results.png", title=f"folnet ablate: {plan_name}")
     if png is not None:
         paths["png"] = png
+    return paths
+
+
+def _write_compare(rows: list[dict[str, Any]], out: Path, *, plan_name: str, header: str,
+                   compare: Compare) -> dict[str, Path]:
+    body, found = compare_markdown(rows, compare, title=plan_name)
+    cells = [c for r in rows for c in r.get("cells", ())]
+    paths = {
+        "md": atomic_write_text(out / "results.md", (header + "\n\n" if header else "") + body),
+        "csv": atomic_write_text(out / "results.csv", csv_text(cells)),
+        "json": atomic_write_json(out / "results.json", {
+            "plan": plan_name, "rows": rows, "gains": [g.to_dict() for g in found]}),
+    }
+    png = plot_sweep(rows, compare, _compared(cells), out / "results.png",
+                     title=f"folnet ablate: {plan_name}")
+    if png is not None:
+        paths["png"] = png
+    last = _cells(rows, "pretrained", compare.values[-1])
+    by_k = plot(last, out / "results_by_k.png", title=f"folnet ablate: {plan_name}, pretrained "
+                f"rows" + (f", {compare.option} = {compare.values[-1]}" if compare.option else ""))
+    if by_k is not None:
+        paths["png_by_k"] = by_k
     return paths
 
 

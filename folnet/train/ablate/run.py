@@ -1,21 +1,18 @@
 """`folnet ablate`: run an ablation plan -- pretrain each row, finetune it on the plan's tasks,
-and report a table like the paper's Table 3.
+and report a table like the paper's Table 3 (and, with a [compare] table, what pretraining adds
+over finetuning from scratch).
 
 Layout of ``OUT``::
 
-    OUT/plan.json                               the validated plan this directory belongs to
-    OUT/rows/<row>/seed_<s>/pretrain/           a `folnet pretrain` run directory
-    OUT/rows/<row>/seed_<s>/finetune/<task>/    a `folnet finetune` output directory
-    OUT/rows/<row>/seed_<s>/result.json         written last: the seed is finished
-    OUT/rows/<row>/result.json                  every seed finished: the row's summary
+    OUT/plan.json                 the validated plan this directory belongs to
+    OUT/corpus/                   the pretraining corpus of each seed, held-out questions kept
+                                  out (`folnet.train.ablate.corpus`)
+    OUT/rows/<row>/seed_<s>/      one seed of a row (`folnet.train.ablate.seeds`)
+    OUT/rows/<row>/result.json    every seed finished: the row's summary
     OUT/results.{md,csv,json,png}
 
-A seed covers the whole row: pretraining (``seed`` of `folnet pretrain`: initialisation, data
-order, masks) and finetuning (``seed`` of `folnet finetune`), on the same generated questions
-(``data_seed`` is shared), so that the report can bootstrap over seeds and questions
-(`folnet.train.ablate.summary`). An interrupted run resumes: finished rows and finished seeds
-(their result.json) are skipped, pretraining resumes from its latest checkpoint, a finished
-finetune (eval.json) is reused. ``jobs > 1`` runs rows in
+An interrupted run resumes: finished rows and finished seeds (their result.json) are skipped,
+and within a seed whatever finished (`folnet.train.ablate.seeds`). ``jobs > 1`` runs rows in
 parallel processes (`folnet.train.ablate.parallel`), which end with the ablate however it ends.
 Whoever runs a row holds its lock (`folnet.train.ablate.rows`): a row that another live process
 is running is reported and not started again, and the run ends with an error naming it (the
@@ -25,100 +22,56 @@ report covers the rows finished so far).
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
+from folnet.train.ablate import corpus
 from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
-from folnet.train.ablate.plan import LOSSES, AblationPlan, AblationRow, plan_to_dict
+from folnet.train.ablate.plan import AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
 from folnet.train.ablate.rows import RowBusy, claim_row, row_dir, running_message
-from folnet.train.ablate.summary import summarise_row
+from folnet.train.ablate.seeds import finetune_config, pretrain_seed, run_seed
+from folnet.train.ablate.summary import summarise_cells, summarise_row
 from folnet.train.engine.outdir import check_out
-from folnet.train.engine.runlog import read_log
-from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
-from folnet.train.finetune.evaluate import read_predictions
-from folnet.train.finetune.run import finetune
-from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
-from folnet.train.pretrain.loop import pretrain
+from folnet.train.pretrain.config import PretrainConfig
 
 
-def _task_slug(task: str) -> str:
-    return task.replace("/", "-")
+def _prepare_corpora(plan: AblationPlan, out: Path, seeds: Sequence[int]) -> None:
+    """Write the held-out corpus of every pretraining seed that lacks one (`corpus`), before
+    any row starts: the row processes of ``--jobs N`` then only read them."""
+    if not corpus.holds_out(plan.data, plan.tasks):
+        return
+    documents = int(dict(plan.pretrain).get("kinship_documents",
+                                            PretrainConfig.kinship_documents))
+    wanted = {pretrain_seed(plan, s) for s in seeds}
+    missing = sorted(s for s in wanted
+                     if not corpus.corpus_file(out, plan.data, s).with_suffix(".json").is_file())
+    if not missing:
+        return
+    values = plan.compare.values if plan.compare is not None else (None,)
+    options = [finetune_config(plan, task, 0, checkpoint=out, out=out,
+                               extra=plan.compare.overrides(v) if plan.compare else None
+                               ).to_dict()
+               for task in plan.tasks for v in values
+               if corpus.holds_out(plan.data, (task,))]
+    held = corpus.held_out_questions(options)
+    for s in missing:
+        print(f"== writing the pretraining corpus of seed {s} without the "
+              f"{sum(map(len, held.values()))} held-out questions", flush=True)
+        corpus.write_corpus(out, plan.data, documents=documents, seed=s, held=held,
+                            tasks=plan.tasks)
 
 
-def seed_dir(out: Path, row: AblationRow, seed: int) -> Path:
-    """The directory of one seed of one row."""
-    return row_dir(out, row) / f"seed_{seed}"
-
-
-def _pretrain_config(plan: AblationPlan, row: AblationRow, directory: Path, seed: int,
-                     progress: bool) -> PretrainConfig:
-    shared = dict(plan.pretrain)
-    model = {**dict(shared.pop("model", {})), **row.model_overrides}
-    return load_pretrain_config(None, {
-        **shared, "ops": row.ops, "data": plan.data, "objective": LOSSES[row.loss],
-        "model": model, "out": str(directory / "pretrain"), "resume": "auto",
-        "seed": int(shared.get("seed", 0)) + seed, "progress": progress,
-        "tensorboard": False})
-
-
-def _finetune_config(plan: AblationPlan, task: str, directory: Path, seed: int,
-                     progress: bool) -> FinetuneConfig:
-    shared = dict(plan.finetune)
-    return load_finetune_config(None, {
-        **shared, "task": task, "data": dict(plan.task_data).get(task),
-        "checkpoint": str(directory / "pretrain"), "seeds": 1,
-        "seed": int(shared.get("seed", 0)) + seed,
-        "out": str(directory / "finetune" / _task_slug(task)), "overwrite": True,
-        "progress": progress, "tensorboard": False})
-
-
-def _pretrain_stats(run_dir: Path) -> dict[str, Any]:
-    """Throughput, the last losses and the loss curve from a pretraining log."""
-    records = read_log(run_dir / "log.jsonl")
-    rates = [r["tokens_per_s"] for r in records[1:] if r.get("tokens_per_s")]
-    last = records[-1] if records else {}
-    return {"tokens_per_s": statistics.median(rates) if rates else None,
-            "mlm_loss": last.get("mlm_loss"), "final_loss": last.get("loss"),
-            "pretrain_steps": last.get("step"),
-            "loss_curve": [(r["step"], r["loss"]) for r in records]}
-
-
-def _model_stats(cfg: ModelConfig, seq_len: int) -> dict[str, Any]:
-    """Parameters (bare encoder, like the paper's column) and FLOPs per token."""
-    with torch.device("meta"):
-        model = FolnetModel(cfg)
-    info = model_info(model, seq_len)
-    return {"params": info.total_params, "flops_per_token": info.flops_forward / seq_len}
-
-
-def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """The task's reported metrics and baselines: the headline split's metrics (for kinship:
-    accuracy overall, on the seen chain lengths, on the unseen ones, and per k)."""
-    split = payload.get("headline_split")
-    metrics = payload.get("metrics", {}).get(split, {})
-    main = payload.get("main_metric")
-    out: dict[str, float] = {}
-    if main in metrics:
-        out[main] = metrics[main]
-    baselines: dict[str, float] = {}
-    for name, value in metrics.items():
-        if not isinstance(value, (int, float)) or name == main:
-            continue
-        if name.startswith("majority_baseline"):
-            baselines[name] = value
-        else:
-            out[name] = value
-    return out, baselines
+def _corpus(plan: AblationPlan, out: Path, seed: int) -> str:
+    """What row seed ``seed`` pretrains on: its held-out corpus file, or the plan's data."""
+    if not corpus.holds_out(plan.data, plan.tasks):
+        return plan.data
+    _prepare_corpora(plan, out, [seed])
+    return str(corpus.corpus_file(out, plan.data, pretrain_seed(plan, seed)))
 
 
 def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
@@ -134,9 +87,9 @@ def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool =
         if done.is_file():  # finished by the process that held the row a moment ago
             log(f"[{row.name}] finished earlier: {done}")
             return _read_row(done, plan)
-        seeds = [_run_seed(plan, row, out, seed, progress=progress, log=log)
-                 for seed in range(plan.seeds)]
-        summary = summarise_row(seeds)
+        seeds = [run_seed(plan, row, out, seed, corpus=_corpus(plan, out, seed),
+                          progress=progress, log=log) for seed in range(plan.seeds)]
+        summary = summarise_row(seeds) if plan.compare is None else summarise_cells(seeds)
         atomic_write_json(done, summary)
         return summary
 
@@ -147,71 +100,6 @@ def _read_row(path: Path, plan: AblationPlan) -> dict[str, Any]:
         raise FolnetError(f"{str(path)!r} was written by an earlier folnet (one pretraining per "
                           f"row, no per-seed results); run the plan into a new --out")
     return summary
-
-
-def _run_seed(plan: AblationPlan, row: AblationRow, out: Path, seed: int, *, progress: bool,
-              log: Callable[[str], None]) -> dict[str, Any]:
-    directory = seed_dir(out, row, seed)
-    done = directory / "result.json"
-    if done.is_file():
-        log(f"[{row.name}] seed {seed} finished earlier: {done}")
-        return json.loads(done.read_text())
-    pcfg = _pretrain_config(plan, row, directory, seed, progress)
-    start = time.perf_counter()
-    final = directory / "pretrain" / "final"
-    if not (final / "config.json").is_file():
-        log(f"[{row.name}] seed {seed}: pretraining {row.ops} ({pcfg.preset}, {pcfg.steps} "
-            f"steps)")
-        pretrain(pcfg)
-    pretrain_seconds = time.perf_counter() - start
-    cfg = ModelConfig.from_dict(read_metadata(final)["model"])
-    result: dict[str, Any] = {
-        **{k: v for k, v in asdict(row).items() if k != "paper"}, "paper": dict(row.paper),
-        "seed": seed, "D2": cfg.D2, **_model_stats(cfg, pcfg.seq_len),
-        **_pretrain_stats(directory / "pretrain"), "pretrain_seconds": pretrain_seconds,
-        "metrics": {}, "baselines": {}, "answers": {}, "finetune_curves": {}}
-    start = time.perf_counter()
-    for task in plan.tasks:
-        fcfg = _finetune_config(plan, task, directory, seed, progress)
-        eval_json = Path(fcfg.out) / "eval.json"
-        if eval_json.is_file():
-            payload = json.loads(eval_json.read_text())
-        else:
-            log(f"[{row.name}] seed {seed}: finetuning on {task}")
-            payload = finetune(fcfg)
-        metrics, baselines = _headline(task, payload)
-        result["metrics"][task] = metrics
-        result["baselines"][task] = baselines
-        answers = _answers(Path(fcfg.out), payload, fcfg.kinship_train_k)
-        if answers is not None:
-            result["answers"][task] = answers
-        result["finetune_curves"][task] = [
-            (r["step"], r["loss"])
-            for r in read_log(Path(fcfg.out) / f"seed_{fcfg.seed}" / "log.jsonl")
-            if "loss" in r and "step" in r]
-    result["finetune_seconds"] = time.perf_counter() - start
-    atomic_write_json(done, result)
-    log(f"[{row.name}] seed {seed} done in "
-        f"{pretrain_seconds + result['finetune_seconds']:.0f} s")
-    return result
-
-
-def _answers(directory: Path, payload: dict[str, Any],
-             train_k: Sequence[int]) -> dict[str, Any] | None:
-    """Which test questions the seed answered right (and each one's chain length, for the
-    kinship tasks), read from the headline split's prediction file: what the report's
-    bootstrap over questions resamples. None for tasks without per-question labels."""
-    path = directory / "predictions" / f"{payload.get('headline_split')}.tsv"
-    if not path.is_file():
-        return None
-    rows = read_predictions(path)
-    if not rows or "label" not in rows[0] or any(r["label"] == "" for r in rows):
-        return None
-    answers: dict[str, Any] = {"correct": [int(r["prediction"] == r["label"]) for r in rows]}
-    if "k" in rows[0]:
-        answers["k"] = [int(r["k"]) for r in rows]
-        answers["train_k"] = list(train_k)
-    return answers
 
 
 def _check_out(plan: AblationPlan, out: Path) -> None:
@@ -238,6 +126,7 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
     out = check_out(out, what="ablation")  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     _check_out(plan, out)
+    _prepare_corpora(plan, out, range(plan.seeds))
     rows = [r for r in plan.rows if not only or r.name in only or r.slug in only]
     if only and len(rows) != len(set(only)):
         known = [r.name for r in plan.rows]
@@ -282,4 +171,14 @@ def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
               f"Pretraining: {dict(plan.pretrain)} on `{plan.data}`; tasks: "
               f"{', '.join(plan.tasks)}; {plan.seeds} seed(s) per row, each covering "
               f"pretraining and finetuning.")
-    return write_reports(finished, out, plan_name=plan.name, header=header)
+    if plan.compare is not None:
+        header += (f" Each row and seed is also pretrained {plan.compare.scratch_steps} "
+                   f"step(s) from the same start (the scratch arm), and both arms are "
+                   f"finetuned on the same questions"
+                   + (f" at {plan.compare.option} = "
+                      f"{', '.join(map(str, plan.compare.values))}."
+                      if plan.compare.option is not None else "."))
+    used = [s.get("pretrain_data") or plan.data for r in finished for s in r.get("seeds", ())]
+    header += "\n\n" + corpus.describe_corpora(plan.data, plan.tasks, used)
+    return write_reports(finished, out, plan_name=plan.name, header=header,
+                         compare=plan.compare)

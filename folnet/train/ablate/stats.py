@@ -11,6 +11,14 @@ accuracy is p is distributed as Binomial(Q, p) / Q, so it is sampled exactly in 
 `difference_interval` bootstraps the difference of two rows' mean accuracies the same way (the
 rows resampled independently); `differs` calls a difference real when that interval excludes
 zero. With one seed per row only the question level remains, which the report then says.
+
+`paired_difference_interval` is the interval for two arms of the same runs -- a row pretrained
+and from scratch, seed for seed, on the same questions: the seeds are drawn once for both
+arms, and within a drawn seed its questions once for both. Each question is then right in the
+first arm only, in the second only, or alike, and the difference over Q questions drawn with
+replacement is (M+ - M-) / Q with (M+, M-, M0) ~ Multinomial(Q, their shares): sampled exactly
+in one call, as the binomial above. Pairing removes what the arms share (initial weights,
+finetuning order, hard questions) from the spread of the difference.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import numpy as np
 
 from folnet.errors import FolnetError
 
-__all__ = ["Spread", "accuracy_spread", "difference_interval", "differs", "seed_spread"]
+__all__ = ["Spread", "accuracy_spread", "difference_interval", "differs",
+           "paired_difference_interval", "seed_spread"]
 
 #: Bootstrap draws: the 2.5% and 97.5% percentiles of 4,000 draws move by well under a point.
 DRAWS = 4000
@@ -117,3 +126,34 @@ def differs(a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]], *,
     their difference excludes zero."""
     low, high = difference_interval(a, b, level=level, draws=draws, seed=seed)
     return low > 0.0 or high < 0.0
+
+
+def paired_difference_interval(a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]], *,
+                               level: float = 0.95, draws: int = DRAWS,
+                               seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of mean accuracy(a) - mean accuracy(b) when ``a[s][q]`` and
+    ``b[s][q]`` are the same seed's answers to the same question: seeds and, within each,
+    questions resampled once for both (see the module docstring)."""
+    _check_level(level)
+    if len(a) != len(b):
+        raise FolnetError(f"paired arms need the same seeds: {len(a)} and {len(b)} given")
+    _, counts = _per_seed(a, "arm a")
+    _, counts_b = _per_seed(b, "arm b")
+    if (counts != counts_b).any():
+        s = int(np.argmax(counts != counts_b))
+        raise FolnetError(f"seed {s}: {counts[s]} and {counts_b[s]} answers; paired arms "
+                          f"answer the same questions")
+    pairs = [(np.asarray(x, dtype=bool), np.asarray(y, dtype=bool)) for x, y in zip(a, b,
+                                                                                   strict=True)]
+    plus = np.array([np.sum(x & ~y) for x, y in pairs]) / counts  # right in a only
+    minus = np.array([np.sum(~x & y) for x, y in pairs]) / counts  # right in b only
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, len(counts), size=(draws, len(counts)))  # [draws, S]
+    shares = np.stack([plus[seeds], minus[seeds]], axis=-1)  # [draws, S, 2]
+    shares = np.concatenate([shares, np.clip(1.0 - shares.sum(-1, keepdims=True), 0.0, 1.0)],
+                            axis=-1)  # [draws, S, 3]: a only, b only, alike
+    drawn = rng.multinomial(counts[seeds], shares)  # [draws, S, 3]
+    diff = ((drawn[..., 0] - drawn[..., 1]) / counts[seeds]).mean(axis=1)  # [draws]
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(diff, [tail, 100 - tail])
+    return float(low), float(high)

@@ -11,7 +11,9 @@ gives every metric as a `Spread` (mean over seeds, seed std, 95% interval):
   bootstrap over seeds alone.
 
 `compare_rows` then says, for one metric, which pairs of rows differ: the 95% bootstrap
-interval of their difference excludes zero.
+interval of their difference excludes zero. A [compare] plan's row (`summarise_cells`) holds
+one such summary per cell -- arm (pretrained or scratch) and swept value -- which
+`folnet.train.ablate.gain` pairs up.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import numpy as np
 from folnet.errors import FolnetError
 from folnet.train.ablate.stats import accuracy_spread, difference_interval, seed_spread
 
-__all__ = ["Difference", "compare_rows", "k_of", "per_k", "question_hits", "summarise_row"]
+__all__ = ["Difference", "compare_rows", "hits_by_metric", "k_of", "per_k", "question_hits",
+           "summarise_cells", "summarise_row"]
 
 #: Per-seed numbers summarised besides the task metrics.
 RUN_NUMBERS = ("tokens_per_s", "mlm_loss", "final_loss")
@@ -63,7 +66,7 @@ def question_hits(answers: dict[str, Any]) -> dict[str, list[bool]]:
     return out
 
 
-def _hits_by_metric(seeds: Sequence[dict[str, Any]], task: str) -> dict[str, list[list[bool]]]:
+def hits_by_metric(seeds: Sequence[dict[str, Any]], task: str) -> dict[str, list[list[bool]]]:
     """metric -> [seed][question] hits, for the metrics every seed has answers for."""
     per_seed = [question_hits(s["answers"][task]) for s in seeds
                 if task in s.get("answers", {})]
@@ -98,7 +101,7 @@ def summarise_row(seeds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row["loss_curve"] = _mean_curve([s.get("loss_curve") or [] for s in seeds])
     row["metrics"], row["baselines"], row["finetune_curves"] = {}, {}, {}
     for task in first.get("metrics", {}):
-        hits = _hits_by_metric(seeds, task)
+        hits = hits_by_metric(seeds, task)
         metrics: dict[str, Any] = {}
         for name in first["metrics"][task]:
             if name in hits:
@@ -113,6 +116,34 @@ def summarise_row(seeds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         row["baselines"][task] = first.get("baselines", {}).get(task, {})
         row["finetune_curves"][task] = _mean_curve(
             [s.get("finetune_curves", {}).get(task) or [] for s in seeds])
+    return row
+
+
+def summarise_cells(seeds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The summary of one row of a [compare] plan from its seeds' results: the row's fields,
+    and per cell (arm, swept value) a summary like `summarise_row`'s over the seeds, under
+    ``cells`` in the seeds' cell order."""
+    if not seeds:
+        raise FolnetError("summarise_cells: a row needs at least one finished seed")
+    fields = [key for key in SHARED if key != "pretrain_steps"]  # pretraining is per arm
+    first = seeds[0]
+    row: dict[str, Any] = {key: first.get(key) for key in fields}
+    row["seeds"] = [{k: v for k, v in s.items() if k != "cells"} for s in seeds]
+    row["num_seeds"] = len(seeds)
+    row["cells"] = []
+    for i, cell in enumerate(first["cells"]):
+        per_seed = []
+        for s in seeds:
+            mine = s["cells"][i] if i < len(s["cells"]) else {}
+            if (mine.get("arm"), mine.get("value")) != (cell["arm"], cell["value"]):
+                raise FolnetError(f"{row['name']} seed {s.get('seed')}: cell {i + 1} is "
+                                  f"not {cell['arm']} at {cell['value']!r} as in seed "
+                                  f"{first.get('seed')}; the seeds ran different plans")
+            per_seed.append({**{key: s.get(key) for key in fields}, "seed": s.get("seed"),
+                             **mine})
+        summary = summarise_row(per_seed)
+        summary["arm"], summary["value"] = cell["arm"], cell["value"]
+        row["cells"].append(summary)
     return row
 
 
@@ -134,7 +165,7 @@ class Difference:
 
 
 def _row_hits(row: dict[str, Any], task: str, metric: str) -> list[list[bool]] | None:
-    return _hits_by_metric(row.get("seeds", []), task).get(metric)
+    return hits_by_metric(row.get("seeds", []), task).get(metric)
 
 
 def compare_rows(rows: Sequence[dict[str, Any]], task: str, metric: str) -> list[Difference]:

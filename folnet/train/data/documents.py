@@ -40,6 +40,8 @@ __all__ = [
     "MAX_SENTENCE_CHARS",
     "CorpusSource",
     "iter_documents",
+    "kinship_documents",
+    "kinship_examples",
     "read_documents",
     "resolve_sources",
     "source_signature",
@@ -167,13 +169,30 @@ def _kinship_code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+def kinship_examples(num_documents: int, seed: int,
+                     held_out: kinship.HeldOut | None = None) -> list[kinship.KinshipExample]:
+    """The questions of the ``kinship-symbolic`` corpus: the task's questions over the trained
+    chain lengths, from a stream of their own, without those ``held_out`` holds."""
+    return kinship.reasoning_examples(num_documents, kinship.TRAIN_K, seed=seed,
+                                      exclude=held_out)
+
+
+def kinship_documents(kind: str, num_documents: int, seed: int,
+                      held_out: kinship.HeldOut | None = None) -> list[list[str]]:
+    """The embedded corpus ``kind`` (`EMBEDDED`) as documents, without the families and
+    questions ``held_out`` holds (`folnet.train.data.kinship.heldout`): what ``--data kind``
+    pretrains on, and what an ablation writes to a file with its test questions held out."""
+    if kind not in EMBEDDED:
+        raise FolnetError(f"{kind!r} is no embedded corpus; use {' or '.join(EMBEDDED)}")
+    if kind == KINSHIP_SYMBOLIC:
+        examples = kinship_examples(num_documents, seed, held_out)
+        return list(kinship.symbolic_documents(examples))
+    families = held_out.families if held_out is not None else ()
+    return kinship.pretraining_documents(num_documents, seed=seed, exclude_families=families)
+
+
 def _read_kinship(kind: str, num_documents: int, seed: int) -> Iterator[list[str]]:
-    if kind == KINSHIP_SYMBOLIC:  # the task's questions over the trained chain lengths
-        examples = kinship.reasoning_examples(num_documents, kinship.TRAIN_K, seed=seed)
-        documents = kinship.symbolic_documents(examples)
-    else:
-        documents = kinship.pretraining_documents(num_documents, seed=seed)
-    for document in documents:
+    for document in kinship_documents(kind, num_documents, seed):
         sentences = [" ".join(str(s).split()) for s in document]
         sentences = [s for s in sentences if s]
         if sentences:

@@ -43,7 +43,7 @@ from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.clutrr import CLUTRR
 from folnet.train.tasks.registry import TaskFamily
 
-__all__ = ["FAMILY", "KINSHIP", "KINSHIP_SYMBOLIC", "kinship_metrics"]
+__all__ = ["FAMILY", "KINSHIP", "KINSHIP_SYMBOLIC", "kinship_metrics", "kinship_questions"]
 
 # CLUTRR's kind, metric, input length and recipe (paper: 100 epochs, lr 5e-5, batch 16), with
 # the generator's fixed label set and its three generated splits.
@@ -100,14 +100,21 @@ def _questions(arguments: tuple[tuple[str, Any], ...]) -> dict[str, list[Kinship
     return systematic_split(**dict(arguments))
 
 
+def kinship_questions(options: Mapping[str, Any]) -> dict[str, list[KinshipExample]]:
+    """The generated questions of every split (``train``, ``validation``, ``test``) as a run
+    with ``options`` (a finetuning run's settings) reads them, before rendering: what an
+    ablation holds out of its pretraining corpus (`folnet.train.data.kinship.heldout`)."""
+    return _questions(tuple(
+        (argument, tuple(value) if isinstance(value, list) else value)
+        for key, argument in _GENERATOR_OPTIONS.items()
+        if (value := options.get(key)) is not None))
+
+
 def _read(spec: TaskSpec, data_dir: str | Path | None, splits: Sequence[str],
           options: Mapping[str, Any]) -> dict[str, SplitData]:
     """Generate the split (deterministic in ``data_seed``): sentence-pair `Example`s with guids
     ``<split>-<index>-k<k>`` and the chain length of each as column ``k``."""
-    questions = _questions(tuple(
-        (argument, tuple(value) if isinstance(value, list) else value)
-        for key, argument in _GENERATOR_OPTIONS.items()
-        if (value := options.get(key)) is not None))
+    questions = kinship_questions(options)
     out = {}
     render = _RENDER[spec.name]
     for name in splits:

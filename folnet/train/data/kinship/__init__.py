@@ -9,9 +9,11 @@ Needs no files or downloads, so every machine and every test sees exactly the sa
 * `questions`: `reasoning_examples` and `systematic_split`, CLUTRR-style questions whose answer
   is read off the tree (the task ``folnet finetune --task kinship`` trains on);
 * `symbolic`: the same questions as entity and relation tokens (``--task kinship/symbolic``),
-  and pretraining documents made of them (``--data kinship-symbolic``).
+  and pretraining documents made of them (``--data kinship-symbolic``);
+* `heldout`: which families and questions a pretraining corpus must keep out (`HeldOut`).
 """
 
+from folnet.train.data.kinship.heldout import HeldOut, chain_of, question_key
 from folnet.train.data.kinship.questions import (
     MAX_DISTRACTORS,
     MAX_K,
@@ -38,9 +40,12 @@ __all__ = [
     "RELATIONS",
     "TEST_K",
     "TRAIN_K",
+    "HeldOut",
     "KinshipExample",
+    "chain_of",
     "majority_baseline",
     "pretraining_documents",
+    "question_key",
     "reasoning_examples",
     "relation_of",
     "symbolic",

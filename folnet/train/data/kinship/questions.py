@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from folnet.errors import FolnetError
@@ -57,6 +57,8 @@ class KinshipExample:
     ``story`` says as data, one (x, word, y, inverse) per sentence ("y is x's word, x is y's
     inverse"), which the
     symbolic rendering (`folnet.train.data.kinship.symbolic`) writes without templates.
+    ``family`` is the fingerprint of the family tree the question was drawn from
+    (`FamilyTree.fingerprint`), by which pretraining corpora keep test families out.
     """
 
     story: str
@@ -66,6 +68,7 @@ class KinshipExample:
     first: str
     second: str
     facts: tuple[Fact, ...] = ()  # the story's facts as (x, word, y, inverse), in story order
+    family: str = ""  # FamilyTree.fingerprint() of the question's family
 
 
 def _plan_for(k: int, distractors: int, wanted: str | None) -> TreePlan:
@@ -128,7 +131,8 @@ def _try_example(
         first, second = tree.names[a], tree.names[b]
         return KinshipExample(story=" ".join(text for text, _ in facts),
                               query=f"How is {second} related to {first}?", label=label, k=k,
-                              first=first, second=second, facts=tuple(t for _, t in facts))
+                              first=first, second=second, facts=tuple(t for _, t in facts),
+                              family=tree.fingerprint())
     return None
 
 
@@ -158,15 +162,27 @@ def _check_ks(name: str, values: object) -> tuple[int, ...]:
     return ks
 
 
+#: Redraws in a row after which `_draw` gives up: a ``skip`` that refuses this many questions
+#: of one chain length in a row refuses (nearly) all of them, and would never let it finish.
+MAX_REDRAWS = 10_000
+
+
 def _draw(
-    key: str, ks: Sequence[int], distractors: int, exclude: set[tuple[str, str]] | None = None
+    key: str, ks: Sequence[int], distractors: int,
+    skip: Callable[[KinshipExample], bool] | None = None,
 ) -> list[KinshipExample]:
-    """One example per entry of ``ks``, from the random stream ``key``, skipping ``exclude``."""
+    """One example per entry of ``ks``, from the random stream ``key``; an example that
+    ``skip`` refuses is replaced by the next one of the same length from the stream."""
     rng = random.Random(key)  # str seeds are hashed with SHA-512: stable across runs and hosts
     out = []
     for k in ks:
         example = _example(rng, k, distractors)
-        while exclude is not None and (example.story, example.query) in exclude:
+        redraws = 0
+        while skip is not None and skip(example):
+            redraws += 1
+            if redraws > MAX_REDRAWS:
+                raise FolnetError(f"kinship questions of chain length {k}: {MAX_REDRAWS} drawn "
+                                  f"in a row were all excluded; exclude fewer")
             example = _example(rng, k, distractors)
         out.append(example)
     return out
@@ -179,19 +195,22 @@ def _balanced(rng: random.Random, n: int, ks: tuple[int, ...]) -> list[int]:
 
 
 def reasoning_examples(
-    num_examples: int, k_values: Sequence[int] = TRAIN_K, seed: int = 0, distractors: int = 0
+    num_examples: int, k_values: Sequence[int] = TRAIN_K, seed: int = 0, distractors: int = 0,
+    exclude: Callable[[KinshipExample], bool] | None = None,
 ) -> list[KinshipExample]:
     """``num_examples`` chain questions; each k of ``k_values`` gets the same share (+-1).
 
     Deterministic in ``seed``; labels are close to uniform over RELATIONS at every k.
     ``distractors`` irrelevant (but true) facts about people off the chain join each story.
+    A question ``exclude`` refuses is replaced by the stream's next one of the same length
+    (how a pretraining corpus keeps held-out questions out: `kinship.heldout`).
     """
     n = check_count("num_examples", num_examples, 1)
     ks = _check_ks("k_values", k_values)
     d = check_count("distractors", distractors, 0, MAX_DISTRACTORS)
     seed = check_count("seed", seed, -(2**63))
     order = _balanced(random.Random(f"kinship/order/{seed}"), n, ks)
-    return _draw(f"kinship/reasoning/{seed}", order, d)
+    return _draw(f"kinship/reasoning/{seed}", order, d, exclude)
 
 
 def systematic_split(
@@ -219,10 +238,15 @@ def systematic_split(
     order = random.Random(f"{base}/order")
     train = _draw(f"{base}/train", _balanced(order, n_train, ks_train), d)
     seen = {(e.story, e.query) for e in train}
+
+    def repeated(example: KinshipExample) -> bool:
+        return (example.story, example.query) in seen
+
     validation = _draw(f"{base}/validation",
-                       _balanced(order, max(1, n_train // 10), ks_train), d, seen)
+                       _balanced(order, max(1, n_train // 10), ks_train), d, repeated)
     seen |= {(e.story, e.query) for e in validation}
-    test = _draw(f"{base}/test", [k for k in sorted(ks_test) for _ in range(n_test)], d, seen)
+    test = _draw(f"{base}/test", [k for k in sorted(ks_test) for _ in range(n_test)], d,
+                 repeated)
     return {"train": train, "validation": validation, "test": test}
 
 

@@ -10,6 +10,7 @@ states the facts of its chains with the same sentences.
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 
 from folnet.train.data.kinship.world import (
     BASE_KINDS,
@@ -135,7 +136,8 @@ def _state_derived(rng: random.Random, tree: FamilyTree, x: int, y: int, kind: s
     return template.format(**_words(tree, x, y, kind, INVERSE[kind]))
 
 
-def _document(rng: random.Random) -> list[str]:
+def _document(rng: random.Random) -> tuple[list[str], str]:
+    """One story and the fingerprint of its family."""
     tree = random_tree(rng, TreePlan(generations=rng.randint(3, 5), max_children=4,
                                      max_people=rng.randint(18, 40)))
     focus = rng.randrange(len(tree))
@@ -160,22 +162,25 @@ def _document(rng: random.Random) -> list[str]:
                 x=tree.names[x], xobj="him" if tree.genders[x] == MALE else "her",
                 job=rng.choice(_JOBS), hobby=rng.choice(_HOBBIES), place=rng.choice(_PLACES)))
     rng.shuffle(sentences)
-    return sentences
+    return sentences, tree.fingerprint()
 
 
-def pretraining_documents(num_documents: int, seed: int = 0) -> list[list[str]]:
+def pretraining_documents(num_documents: int, seed: int = 0,
+                          exclude_families: Collection[str] = ()) -> list[list[str]]:
     """``num_documents`` family stories, each a list of at least 8 sentences; seeded.
 
     Each story centres on one person of a fresh random family: stated parent/child/spouse/sibling
     facts, derived relations ("X is Y's grandmother") and narrative filler, all true of the tree,
-    in shuffled order so that a language model must not rely on a fixed layout.
+    in shuffled order so that a language model must not rely on a fixed layout. A story whose
+    family's fingerprint is in ``exclude_families`` (`FamilyTree.fingerprint`) is left out and
+    the stream's next one taken.
     """
     n = check_count("num_documents", num_documents, 1)
     seed = check_count("seed", seed, -(2**63))
     rng = random.Random(f"kinship/documents/{seed}")
     out = []
     while len(out) < n:
-        document = _document(rng)
-        if len(document) >= 8:
+        document, family = _document(rng)
+        if len(document) >= 8 and family not in exclude_families:
             out.append(document)
     return out

@@ -17,6 +17,7 @@ and the relation of its ends follows from the facts along the path plus those wo
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -161,6 +162,16 @@ class FamilyTree:
 
     def spouses(self, people: list[int]) -> list[int]:
         return [s for s in (self.spouse[p] for p in people) if s is not None]
+
+    def fingerprint(self) -> str:
+        """A digest of the whole family -- its people (names are unique in a tree), their
+        genders, the couples and their children -- whatever order they were added in: what
+        decides whether a question and a pretraining document come from the same family
+        (`folnet.train.data.kinship.heldout`)."""
+        people = sorted(zip(self.names, self.genders, strict=True))
+        couples = sorted((self.names[h], self.names[w], *sorted(self.names[c] for c in kids))
+                         for (h, w), kids in zip(self.couples, self.kids, strict=True))
+        return hashlib.sha256(repr((people, couples)).encode()).hexdigest()[:16]
 
 
 def relatives(tree: FamilyTree, a: int) -> dict[int, list[str]]:
