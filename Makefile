@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-fast test-numerics tolerances demo lint setup clean
+.PHONY: test test-fast test-numerics tolerances demo demo-operators lint setup clean
 
 setup: $(VENV)/.installed
 
@@ -55,9 +55,15 @@ tolerances: setup
 	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-default.jsonl $(OTHER_KERNELS) $(PYTEST) -m numerics
 	$(PY) tests/tolerance_report.py .tolerances-native.jsonl .tolerances-default.jsonl
 
-# The main job: the operator-ablation demo on the embedded kinship corpus (no files needed).
+# The main job: what pretraining with the operators buys, on the embedded symbolic kinship
+# corpus (no files needed): j.a and jmc.atp, pretrained against scratch, 3 seeds
+# (specs/ablations/pretraining.toml, under 15 minutes on 2 cores).
 demo: setup
-	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo
+	$(PY) -m folnet ablate pretraining --jobs 2 --out runs/demo
+
+# Its second part: the six-row operator ablation (specs/ablations/demo.toml, about 11 minutes).
+demo-operators: setup
+	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo-operators
 
 lint: setup
 	$(PY) -m ruff check folnet tests benchmarks
