@@ -18,8 +18,9 @@ import folnet
 from folnet.arch import from_pretrained, read_metadata
 from folnet.cli import main as cli_main
 from folnet.train.ablate.corpus import held_out_questions, write_corpus
+from folnet.train.ablate.figure import plot_sweep
 from folnet.train.ablate.gain import gains
-from folnet.train.ablate.plan import load_plan, parse_plan_dict, plan_to_dict
+from folnet.train.ablate.plan import Compare, load_plan, parse_plan_dict, plan_to_dict
 from folnet.train.ablate.run import run_plan
 from folnet.train.ablate.stats import difference_interval, paired_difference_interval
 from folnet.train.ablate.summary import question_hits, summarise_cells, summarise_row
@@ -383,3 +384,20 @@ def test_both_arms_at_two_budgets_end_to_end_and_resume(tmp_path, capsys):
     assert keep.stat().st_mtime_ns == stamp
     assert json.loads((out / "results.json").read_text())["gains"] == report["gains"]
 
+
+
+@pytest.mark.parametrize("compare", [Compare(1, "kinship_train_size", (1000,)), Compare(1)])
+def test_one_budget_draws_both_arms_with_their_intervals(tmp_path, compare):
+    """One value swept (or none): the figure is drawn as whiskers, one pair per row, not as
+    bands a single point cannot show."""
+    pytest.importorskip("matplotlib")
+    value = compare.values[0]
+    spread = {"mean": 0.8, "low": 0.7, "high": 0.9}
+    rows = [{"name": name, "cells": [{"arm": arm, "value": value,
+                                      "metrics": {"kinship/symbolic": {"accuracy_seen": spread}}}
+                                     for arm in ("pretrained", "scratch")]}
+            for name in ("j.a RPE", "jmc.atp RPE")]
+    path = plot_sweep(rows, compare, [("kinship/symbolic", "accuracy_seen")],
+                      tmp_path / "results.png", title="one budget")
+    assert path == tmp_path / "results.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

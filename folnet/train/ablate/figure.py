@@ -8,7 +8,8 @@ mean over seeds.
 
 A [compare] plan's results.png (`plot_sweep`) is the pretraining figure instead: per compared
 metric, accuracy against the swept value (the label budget), one colour per row, the pretrained
-arm solid and the scratch arm dashed, each with its 95% band; the figure above, of the
+arm solid and the scratch arm dashed, each with its 95% band (one value: the two arms side by
+side per row, with their intervals as whiskers); the figure above, of the
 pretrained rows at the last value, goes to results_by_k.png.
 """
 
@@ -134,8 +135,44 @@ def plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
     return path
 
 
+def _cell_spread(row: dict[str, Any], arm: str, value: Any, task: str, metric: str
+                 ) -> dict[str, float] | None:
+    """The mean and interval of one (arm, value) cell of a row, or None when it has none."""
+    cell = next((c for c in row.get("cells", ()) if c.get("arm") == arm
+                 and c.get("value") == value), None)
+    return (cell or {}).get("metrics", {}).get(task, {}).get(metric)
+
+
+def _single_panel(ax: Any, rows: list[dict[str, Any]], compare: Compare, task: str,
+                  metric: str) -> None:
+    """One value swept: per row, the two arms side by side with their 95% intervals as
+    whiskers (a band needs two values to be drawn)."""
+    value = compare.values[0]
+    for i, row in enumerate(rows):
+        for arm, shift, marker in (("pretrained", -0.12, "o"), ("scratch", 0.12, "s")):
+            spread = _cell_spread(row, arm, value, task, metric)
+            if not spread:
+                continue
+            mean = spread["mean"]
+            ax.errorbar([i + shift], [mean], yerr=[[mean - spread["low"]], [spread["high"] - mean]],
+                        fmt=marker, color=f"C{i % 10}", capsize=4, markersize=6,
+                        mfc="white" if arm == "scratch" else None, label=f"{row['name']} {arm}")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([row["name"] for row in rows])
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_ylabel(f"{task} {metric}")
+    where = f" at {compare.option} = {value}" if compare.option else ""
+    ax.set_title(f"{metric}{where}\npretrained (filled) vs scratch (open), 95% intervals",
+                 fontsize=10)
+    ax.legend(fontsize=7)
+
+
 def _sweep_panel(ax: Any, rows: list[dict[str, Any]], compare: Compare, task: str,
                  metric: str) -> None:
+    if len(compare.values) == 1:
+        _single_panel(ax, rows, compare, task, metric)
+        return
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                   for v in compare.values)
     xs = list(compare.values) if numeric else list(range(len(compare.values)))
@@ -144,9 +181,7 @@ def _sweep_panel(ax: Any, rows: list[dict[str, Any]], compare: Compare, task: st
         for arm, style in (("pretrained", "-"), ("scratch", "--")):
             points = []
             for x, value in zip(xs, compare.values, strict=True):
-                cell = next((c for c in row.get("cells", ()) if c.get("arm") == arm
-                             and c.get("value") == value), None)
-                spread = (cell or {}).get("metrics", {}).get(task, {}).get(metric)
+                spread = _cell_spread(row, arm, value, task, metric)
                 if spread:
                     points.append((x, spread))
             if not points:
