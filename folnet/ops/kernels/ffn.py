@@ -64,22 +64,24 @@ def _forward(own: torch.Tensor, across: torch.Tensor, w: _Weights
 
 
 def _backward(own: torch.Tensor, across: torch.Tensor, h: torch.Tensor | None,
-              g: torch.Tensor, w: _Weights, grads: _Weights
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              g: torch.Tensor, w: _Weights, w_t: tuple[torch.Tensor, torch.Tensor],
+              grads: _Weights) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's backward from its upstream gradient ``g`` (P, D2): adds the weights'
     gradients to ``grads`` in place, returns those of ``own`` and ``across`` (their shape).
-    ``h`` is the saved pre-activation, or None to recompute it."""
+    ``h`` is the saved pre-activation, or None to recompute it; ``w_t`` the output and hidden
+    weights transposed, made once for every block."""
+    w_out_t, w_in_t = w_t
     d2 = own.shape[-1]
     both = _both(own, across)  # (P, 2 D2)
     if h is None:
         h = mm_linear(both, w.w_in, w.b_in)  # (P, F2)
     grads.w_out.add_(wgrad(g, F.gelu(h)))
     grads.b_out.add_(g.sum(0))
-    grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w.w_out.t().contiguous(), None), h)
+    grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w_out_t, None), h)
     del h
     grads.w_in.add_(wgrad(grad_h, both))
     grads.b_in.add_(grad_h.sum(0))
-    grad_both = mm_linear(grad_h, w.w_in.t().contiguous(), None)  # (P, 2 D2)
+    grad_both = mm_linear(grad_h, w_in_t, None)  # (P, 2 D2)
     del grad_h
     grads.w_skip.add_(wgrad(g, both[:, d2:].contiguous()))
     # d/d n(y, x) for the block's x: the hidden layer's second half and the skip Linear
@@ -119,6 +121,7 @@ class _BinaryFFN(torch.autograd.Function):
         grads = _Weights(torch.zeros_like(w_in), torch.zeros_like(b_in), torch.zeros_like(w_out),
                          torch.zeros_like(w_out[:, 0]), torch.zeros_like(w_skip), None)
         d2, T = n.shape[-1], n.shape[1]
+        w_t = (w_out.t().contiguous(), w_in.t().contiguous())
 
         def upstream(r0: int, r1: int) -> torch.Tensor:  # (P, D2), dropped out as the output
             g = grad[:, r0:r1]
@@ -126,14 +129,16 @@ class _BinaryFFN(torch.autograd.Function):
             return g.reshape(-1, d2)
 
         if h is not None:  # whole
-            grad_own, grad_across = _backward(n, n.transpose(1, 2), h, upstream(0, T), w, grads)
+            grad_own, grad_across = _backward(n, n.transpose(1, 2), h, upstream(0, T), w, w_t,
+                                              grads)
             grad_n = grad_own + grad_across.transpose(1, 2)
         else:
             grad_n = torch.zeros_like(n)
             for r0 in range(0, T, ctx.rows):
                 r1 = min(T, r0 + ctx.rows)
                 own, across = _slabs(n, r0, r1)
-                grad_own, grad_across = _backward(own, across, None, upstream(r0, r1), w, grads)
+                grad_own, grad_across = _backward(own, across, None, upstream(r0, r1), w, w_t,
+                                                  grads)
                 grad_n[:, r0:r1] += grad_own
                 grad_n[:, :, r0:r1] += grad_across.transpose(1, 2)
         return (grad_n, grads.w_in, grads.b_in, grads.w_out, grads.b_out, grads.w_skip,

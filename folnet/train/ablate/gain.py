@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from folnet.errors import FolnetError
-from folnet.train.ablate.stats import paired_difference_interval
+from folnet.train.ablate.stats import excludes_zero, paired_difference_interval
 from folnet.train.ablate.summary import hits_by_metric
 
 __all__ = ["Gain", "cell_of", "gain_table", "gain_text", "gains"]
@@ -41,7 +41,7 @@ class Gain:
 
     @property
     def real(self) -> bool:
-        return self.low > 0.0 or self.high < 0.0
+        return excludes_zero(self.low, self.high)
 
     def to_dict(self) -> dict[str, Any]:
         return {"row": self.row, "value": self.value, "task": self.task, "metric": self.metric,

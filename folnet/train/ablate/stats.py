@@ -30,7 +30,7 @@ import numpy as np
 
 from folnet.errors import FolnetError
 
-__all__ = ["Spread", "accuracy_spread", "difference_interval", "differs",
+__all__ = ["Spread", "accuracy_spread", "difference_interval", "differs", "excludes_zero",
            "paired_difference_interval", "seed_spread"]
 
 #: Bootstrap draws: the 2.5% and 97.5% percentiles of 4,000 draws move by well under a point.
@@ -120,12 +120,17 @@ def difference_interval(a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]]
     return float(low), float(high)
 
 
+def excludes_zero(low: float, high: float) -> bool:
+    """Whether an interval of a difference lies wholly on one side of 0: the difference is
+    beyond the spread, a finding."""
+    return low > 0.0 or high < 0.0
+
+
 def differs(a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]], *,
             level: float = 0.95, draws: int = DRAWS, seed: int = 0) -> bool:
     """Whether the two rows' accuracies differ beyond their spread: the `level` interval of
     their difference excludes zero."""
-    low, high = difference_interval(a, b, level=level, draws=draws, seed=seed)
-    return low > 0.0 or high < 0.0
+    return excludes_zero(*difference_interval(a, b, level=level, draws=draws, seed=seed))
 
 
 def paired_difference_interval(a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]], *,

@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 
 from folnet.errors import FolnetError
-from folnet.train.ablate.stats import accuracy_spread, difference_interval, seed_spread
+from folnet.train.ablate.stats import (
+    accuracy_spread,
+    difference_interval,
+    excludes_zero,
+    seed_spread,
+)
 
 __all__ = ["Difference", "compare_rows", "hits_by_metric", "k_of", "per_k", "question_hits",
            "summarise_cells", "summarise_row"]
@@ -161,7 +166,7 @@ class Difference:
 
     @property
     def real(self) -> bool:
-        return self.low > 0.0 or self.high < 0.0
+        return excludes_zero(self.low, self.high)
 
 
 def _row_hits(row: dict[str, Any], task: str, metric: str) -> list[list[bool]] | None:
