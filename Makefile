@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-fast test-numerics tolerances demo demo-operators lint setup clean
+.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators lint setup clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,22 @@ test-numerics: setup
 test-fast: setup
 	$(PYTEST) -m "not slow"
 
+# The suite but the slow tests, and the installed wheel's test, on another torch in its own
+# environment: `make test-torch TORCH=2.11.0` (the floor pyproject.toml declares; README "Which
+# torch"); PINS adds other pins, e.g. PINS=transformers==5.17.0 for the GPU images' pair. The
+# registry's torch wheels are CUDA builds that run on a CPU too (about 3 GB; pip caches them).
+# make test itself stays on $(TORCH_PIN).
+TORCH ?= 2.11.0
+PINS ?=
+TORCH_VENV := .venv-torch-$(TORCH)
+test-torch:
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH)'" \
+		2>/dev/null || $(TORCH_VENV)/bin/python -m pip install -q "torch==$(TORCH)"
+	$(TORCH_VENV)/bin/python -m pip install -q -e '.[train,hf,dev]' "torch==$(TORCH)" $(PINS)
+	$(TORCH_VENV)/bin/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not slow"
+	$(TORCH_VENV)/bin/python -m pytest -q tests/project/test_installed.py
+
 # Every numerical bound against what the two kernel sets measure (tests/tolerance_report.py).
 tolerances: setup
 	rm -f .tolerances-*.jsonl
@@ -57,11 +73,11 @@ tolerances: setup
 
 # The main job: what pretraining with the operators buys, on the embedded symbolic kinship
 # corpus (no files needed): j.a and jmc.atp, pretrained against scratch, 3 seeds
-# (specs/ablations/pretraining.toml, under 15 minutes on 2 cores).
+# (folnet/specs/ablations/pretraining.toml, under 15 minutes on 2 cores).
 demo: setup
 	$(PY) -m folnet ablate pretraining --jobs 2 --out runs/demo
 
-# Its second part: the six-row operator ablation (specs/ablations/demo.toml, about 11 minutes).
+# Its second part: the six-row operator ablation (folnet/specs/ablations/demo.toml, about 11 minutes).
 demo-operators: setup
 	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo-operators
 
@@ -69,4 +85,4 @@ lint: setup
 	$(PY) -m ruff check folnet tests benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-torch-* build dist *.egg-info

@@ -1,6 +1,6 @@
 """folnet: FOLNet (First-Order Logic Network, ICLR 2023) as a PyTorch library.
 
-Neural logic operators are declared as data (specs/operators.toml), validated, registered and
+Neural logic operators are declared as data (folnet/specs/operators.toml), validated, registered and
 compiled into kernels (`folnet.ops`); architectures are built from operator strings such as
 ``"jmc.atp"`` (`folnet.arch`); pretraining and finetuning live in `folnet.train`.
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from folnet.errors import FolnetError
 
 #: The package's version; pyproject.toml reads it from here (one place to bump).
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -31,7 +31,7 @@ _EXPORTS = {
 }
 # modules reachable as attributes after a bare ``import folnet``, as they were when the names
 # above were imported eagerly
-_SUBMODULES = frozenset({"arch", "ops", "train", "hf", "io", "files", "runtime", "cli"})
+_SUBMODULES = frozenset({"arch", "ops", "train", "hf", "runtime", "cli"})
 
 if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports these
     from folnet.arch import (

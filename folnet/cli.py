@@ -107,7 +107,7 @@ register_command("ops", "print the operator registry (the paper's Table 2, from 
 def _info_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("ops", help="operator string, e.g. jmc.atp")
     p.add_argument("--preset", default="base", help="model size preset: tiny, small, base or "
-                   "large (specs/models/)")
+                   "large (folnet/specs/models/)")
     p.add_argument("--seq-len", type=int, default=128, metavar="N",
                    help="tokens per sequence the FLOPs and activation memory are counted for")
     p.add_argument("--vocab-size", type=int, default=None, metavar="N",
@@ -157,6 +157,15 @@ def _convert_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_run(args: argparse.Namespace) -> int:
+    from folnet.environment import report
+
+    print(report())
+    return 0
+
+
+register_command("env", "what a bug report needs: folnet, Python, torch, the device or CPU "
+                 "kernels, the optional packages", lambda p: None, _env_run)
 register_command("info", "parameters per component, FLOPs per sequence, activation memory",
                  _info_configure, _info_run)
 register_command("convert", "convert a released FOLNet checkpoint (PREFIX.cfg/.pt) to ours",

@@ -1,5 +1,5 @@
 """Reading data files: TOML (tomllib on 3.11+, tomli before), JSON and CSV/TSV, every fault a
-`FolnetError` naming the file; and the location of the bundled specs/.
+`FolnetError` naming the file; and the location of the bundled folnet/specs/.
 
 Why the JSON and CSV helpers: the standard library's parsers fail on hostile or unlucky input
 with exceptions that name no file and that an ``except ValueError`` does not catch -- a
@@ -114,16 +114,40 @@ def csv_rows(handle: Iterable[str], source: str, **dialect: Any
 
 
 def specs_dir() -> Path:
-    """The specs/ directory: $FOLNET_SPECS, the source checkout, or the installed copy."""
+    """The bundled specs directory: ``$FOLNET_SPECS`` if set, else ``folnet/specs`` found
+    through `importlib.resources`.
+
+    The specs live inside the package, so one lookup serves a wheel, an editable install and a
+    source checkout on ``PYTHONPATH`` alike (a lookup by a path relative to the checkout found
+    nothing in a wheel). A zip-imported folnet has no directory to hand out, and says so.
+    """
     override = os.environ.get("FOLNET_SPECS")
     if override:
         return Path(override)
-    checkout = Path(__file__).resolve().parent.parent / "specs"
-    if (checkout / "operators.toml").is_file():
-        return checkout
-    try:
-        from importlib.resources import files
+    from importlib.resources import files
 
-        return Path(str(files("folnet.specs")))
-    except (ModuleNotFoundError, TypeError):  # pragma: no cover
-        return checkout
+    bundled = files("folnet").joinpath("specs")
+    if not isinstance(bundled, Path):
+        raise FolnetError(f"folnet's bundled specs are at {bundled!r}, not on a file system; "
+                          "install folnet unzipped (pip does) or set FOLNET_SPECS")
+    return bundled
+
+
+def bundled_or_path(path: str | os.PathLike[str], folder: str, *, what: str) -> Path:
+    """``path`` if it is a file, else the bundled ``folnet/specs/FOLDER/NAME.toml`` when
+    ``path`` is a bare NAME (no suffix, no folder); anything else is a `FolnetError` naming
+    ``what`` (the flag or argument), the value and the bundled names.
+
+    Why: a user of the installed package has no checkout, so ``--config
+    folnet/specs/train/kinship-tiny.toml`` names nothing on their disk; ``--config
+    kinship-tiny`` reads the same file wherever folnet is installed.
+    """
+    given = Path(path)
+    if given.is_file():
+        return given
+    candidate = specs_dir() / folder / f"{given.name}.toml"
+    if given.name == str(path) and not given.suffix and candidate.is_file():
+        return candidate
+    names = sorted(p.stem for p in (specs_dir() / folder).glob("*.toml"))
+    raise FolnetError(f"{what} {str(path)!r} does not exist, nor is it a bundled name "
+                      f"({', '.join(names)})")

@@ -41,7 +41,7 @@ def build_model(ops: str = "jmc.atp", *, preset: str = "base", kind: str = "enco
     """Build a FOLNet.
 
     ``ops`` is an operator string (``"jmc.atp"``) or ``|``-separated per-layer strings;
-    ``preset`` one of tiny, small, base, large (``specs/models/``); ``kind`` "encoder",
+    ``preset`` one of tiny, small, base, large (``folnet/specs/models/``); ``kind`` "encoder",
     "decoder" or "encoder-decoder"; ``overrides`` any of D1, D2, L, H, S, F1, F2, delta,
     position, vocab_size, type_vocab_size, dropout, backend. With ``head=None`` the bare
     encoder (the LM head for the text kinds); otherwise a name of `folnet.arch.heads.HEADS`.

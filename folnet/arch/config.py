@@ -1,4 +1,4 @@
-"""Model configuration: a frozen dataclass, size presets from specs/models/, validation."""
+"""Model configuration: a frozen dataclass, size presets from folnet/specs/models/, validation."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ OVERRIDES = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "vocab_
 
 
 def preset(name: str) -> dict[str, Any]:
-    """The fields of a size preset (``specs/models/NAME.toml``)."""
+    """The fields of a size preset (``folnet/specs/models/NAME.toml``)."""
     path = read_files.specs_dir() / "models" / f"{name}.toml"
     if not path.is_file():
         available = sorted(p.stem for p in path.parent.glob("*.toml"))

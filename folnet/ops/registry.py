@@ -1,4 +1,4 @@
-"""The operator registry: built-ins loaded from specs/operators.toml, custom ones registered.
+"""The operator registry: built-ins loaded from folnet/specs/operators.toml, custom ones registered.
 
 Look-ups accept a symbol (``"j"``) or a name (``"join"``); a miss lists what exists. Registering
 refuses a duplicate symbol or name unless ``replace=True``. A registered operator is usable

@@ -3,7 +3,7 @@
 `folnet pretrain` and `folnet finetune` describe every option once, as a field of a frozen
 dataclass built with `option` (default, help text, and optionally the flag's spelling or a
 parser). This module turns such a class into the rest of what a command needs, so the command
-line, the TOML files under ``specs/train/`` and the Python API cannot drift apart:
+line, the TOML files under ``folnet/specs/train/`` and the Python API cannot drift apart:
 
 * `Options`, the base class: ``replace``, ``to_dict``, ``from_dict`` (unknown keys named with
   their source), type checks against the annotations (ints widen to floats) and the range and
@@ -38,7 +38,7 @@ _METAVARS = {"str": "TEXT", "int": "N", "float": "X"}
 
 
 def specs_file(*parts: str) -> Path:
-    """A file of the bundled ``specs/`` directory (``$FOLNET_SPECS`` points elsewhere)."""
+    """A file of the bundled ``folnet/specs/`` directory (``$FOLNET_SPECS`` points elsewhere)."""
     return read_files.specs_dir().joinpath(*parts)
 
 
@@ -163,8 +163,7 @@ def load_layered(cls: type[ConfigT], defaults: Path, path: str | os.PathLike[str
     """
     layers: list[tuple[str, Mapping[str, Any]]] = [(str(defaults), read_toml(defaults))]
     if path is not None:
-        if not Path(path).is_file():
-            raise FolnetError(f"--config {str(path)!r} does not exist")
+        path = read_files.bundled_or_path(path, "train", what="--config")
         layers.append((str(path), read_toml(path)))
     if overrides:
         layers.append(("command line", dict(overrides)))

@@ -12,7 +12,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from paths import ROOT
+from runs import cli_error
 
 import folnet
 from folnet.cli import DefaultsFormatter, build_parser, main
@@ -20,7 +22,7 @@ from folnet.train.finetune.config import default_config_path as finetune_default
 from folnet.train.options import format_default, read_toml
 from folnet.train.pretrain.config import default_config_path as pretrain_defaults
 
-COMMANDS = ("ops", "info", "convert", "pretrain", "finetune", "evaluate", "ablate")
+COMMANDS = ("ops", "env", "info", "convert", "pretrain", "finetune", "evaluate", "ablate")
 
 
 def _wide_help(parser: argparse.ArgumentParser) -> str:
@@ -140,3 +142,35 @@ def test_a_failed_pretrain_writes_nothing_and_the_retry_runs(tmp_path, capsys):
     assert (final / "config.json").is_file()
     closing = [line for line in stdout.splitlines() if str(final) in line]
     assert closing == [f"done: 2 steps; final model and tokenizer in {final}"]
+
+
+def test_env_names_what_a_bug_report_needs(capsys):
+    assert main(["env"]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["folnet"].startswith(f"{folnet.__version__} (")
+    assert lines["torch"].startswith(torch.__version__)
+    assert lines["CPU kernels"].startswith(torch.backends.cpu.get_cpu_capability())
+    assert ("CUDA" in lines) != torch.cuda.is_available()
+    assert lines["transformers"] == importlib.metadata.version("transformers")
+    try:
+        assert lines["xformers"] == importlib.metadata.version("xformers")
+    except importlib.metadata.PackageNotFoundError:
+        assert lines["xformers"] == "not installed"
+
+
+def test_a_bundled_name_is_a_config_and_a_plan_and_a_miss_lists_them(tmp_path, capsys):
+    from folnet.read_files import bundled_or_path, specs_dir
+    from folnet.train.ablate.plan import load_plan
+    from folnet.train.pretrain.config import load_pretrain_config as load_config
+
+    assert bundled_or_path("kinship-tiny", "train", what="--config") == (
+        specs_dir() / "train" / "kinship-tiny.toml")
+    assert load_config("kinship-tiny").ops == "j.at"
+    assert load_plan("demo").name == "demo"
+    mine = tmp_path / "kinship-tiny"  # a file of the user's wins over the bundled name
+    mine.write_text('ops = "j.a"\n')
+    assert load_config(mine).ops == "j.a"
+    for wrong in ("kinship-tiny.toml", "train/kinship-tiny", "no-such"):
+        err = cli_error(capsys, ["pretrain", "--config", wrong, "--out", str(tmp_path / "o")])
+        assert f"--config {wrong!r} does not exist" in err
+        assert "kinship-tiny, pretrain" in err

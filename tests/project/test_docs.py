@@ -15,9 +15,11 @@ CITE = re.compile(r"design\.md(?:\s+|\s*\n\s*#?\s*)section\s+(\d+)", re.IGNORECA
 
 def _sources() -> list[Path]:
     files = [ROOT / "README.md"]
-    for folder, pattern in (("folnet", "*.py"), ("specs", "*.toml"), ("tests", "*.py"),
+    for folder, pattern in (("folnet", "*.py"), ("folnet/specs", "*.toml"), ("tests", "*.py"),
                             ("benchmarks", "*.py")):
-        files += sorted((ROOT / folder).rglob(pattern))
+        found = sorted((ROOT / folder).rglob(pattern))
+        assert found, f"no {pattern} under {folder}/"  # a folder that moved fails here
+        files += found
     return files
 
 

@@ -19,7 +19,6 @@ import json
 from pathlib import Path
 
 import pytest
-from paths import ROOT
 
 import folnet.train.finetune.cli  # noqa: F401  (registers the finetune/evaluate commands)
 from folnet.cli import main
@@ -30,17 +29,17 @@ from folnet.train.tasks.kinship import kinship_metrics
 # the shipped laptop recipe: j.at, tiny preset with D2 = 8, F2 = 16, std 0.15, no dropout;
 # 800 steps of batch 32 over 2,000 kinship documents
 # 1,000 finetuning steps of batch 32 at lr 1e-3 over 8,000 questions
-SPECS = ROOT / "specs" / "train"
-PRETRAIN, FINETUNE = SPECS / "kinship-tiny.toml", SPECS / "kinship-finetune.toml"
+# (the bundled names of folnet/specs/train, as the README's Quick start runs them)
+PRETRAIN, FINETUNE = "kinship-tiny", "kinship-finetune"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """Pretrain (800 steps of MLM + NSP on the kinship corpus), then finetune on k = 2, 3."""
     root = tmp_path_factory.mktemp("kinship")
-    assert main(["pretrain", "--config", str(PRETRAIN), "--no-progress",
+    assert main(["pretrain", "--config", PRETRAIN, "--no-progress",
                  "--no-tensorboard", "--out", str(root / "pre")]) == 0
-    assert main(["finetune", "--config", str(FINETUNE), "--from", str(root / "pre"),
+    assert main(["finetune", "--config", FINETUNE, "--from", str(root / "pre"),
                  "--no-progress", "--no-tensorboard", "--out", str(root / "ft")]) == 0
     return root
 

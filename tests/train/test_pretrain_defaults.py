@@ -1,7 +1,7 @@
 """Each pretraining default is written once (issue 29, point 6).
 
 The data options (``seq_len``, ``objective``, ``mlm_probability``, ...) take their defaults from
-`PretrainDataConfig`; ``specs/train/pretrain.toml`` repeats only the run's own options. These
+`PretrainDataConfig`; ``folnet/specs/train/pretrain.toml`` repeats only the run's own options. These
 tests compare the real objects (the dataclasses, the defaults file, the loader ``folnet
 pretrain`` uses and its ``--help``), never numbers copied here, and the last two show that the
 checks fail on a drifted copy and that a default changed in its one place reaches the run and

@@ -12,8 +12,8 @@ from folnet.cli import register_command
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="plan file, or a name under specs/ablations (pretraining, demo, "
-                   "stories, table3)")
+    p.add_argument("plan", help="plan file, or the name of a bundled plan (pretraining, demo, "
+                   "stories, table3: folnet/specs/ablations)")
     p.add_argument("--out", default=None, help="output directory (default: runs/ablate-NAME)")
     p.add_argument("--preset", default=None, help="model preset for every row (default: the "
                    "plan's)")

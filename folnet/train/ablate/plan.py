@@ -43,10 +43,10 @@ from typing import Any
 
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
-from folnet.read_files import parse_json
+from folnet.read_files import bundled_or_path, parse_json
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.finetune.config import FinetuneConfig
-from folnet.train.options import read_toml, specs_file
+from folnet.train.options import read_toml
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import family_of, get_task
 
@@ -319,15 +319,9 @@ def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
 
 
 def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> AblationPlan:
-    """Read and validate an ablation plan: a TOML file (``specs/ablations/NAME.toml``, or
+    """Read and validate an ablation plan: a TOML file (``folnet/specs/ablations/NAME.toml``, or
     just NAME) or the ``plan.json`` an ablation run writes into its output directory."""
-    path = Path(path)
-    if not path.is_file():
-        candidate = specs_file("ablations", f"{path.name}.toml")
-        if not path.suffix and candidate.is_file():
-            path = candidate
-        else:
-            raise FolnetError(f"ablation plan {str(path)!r} does not exist")
+    path = bundled_or_path(path, "ablations", what="ablation plan")
     if path.suffix == ".json":
         try:
             data = parse_json(path.read_text(), str(path))

@@ -28,7 +28,7 @@ class PretrainDataConfig:
     These defaults are the one place the data defaults are written: `PretrainConfig` (and so
     ``folnet pretrain`` and its ``--help``) takes from here the default of every field it
     shares with this class but ``cache_dir`` (unset, None, means OUT/cache for a run and no
-    cache here), and ``specs/train/pretrain.toml`` does not repeat them.
+    cache here), and ``folnet/specs/train/pretrain.toml`` does not repeat them.
     """
 
     seq_len: int = 128

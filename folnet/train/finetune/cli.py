@@ -2,9 +2,9 @@
 `evaluate_checkpoint`.
 
 As for ``folnet pretrain``, the finetune flags are generated from `FinetuneConfig`, so the
-command line, ``specs/train/finetune.toml`` and the Python API cannot drift apart; only flags
+command line, ``folnet/specs/train/finetune.toml`` and the Python API cannot drift apart; only flags
 the user gives override the file (their argparse default is None), and the help shows the
-defaults of ``specs/train/finetune.toml``. Importing this module registers both commands and
+defaults of ``folnet/specs/train/finetune.toml``. Importing this module registers both commands and
 must stay cheap (``folnet --help`` imports it): the training code is imported inside them.
 """
 
@@ -21,7 +21,7 @@ def _finetune_configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options over the defaults shown here (those of "
-                   "specs/train/finetune.toml); flags override both")
+                   "folnet/specs/train/finetune.toml); flags override both")
     add_flags(p, FinetuneConfig, defaults=read_toml(default_config_path()))
 
 

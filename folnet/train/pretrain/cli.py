@@ -1,11 +1,11 @@
 """``folnet pretrain``: every `PretrainConfig` field as a flag, over an optional TOML file.
 
 The flags are generated from the dataclass (`folnet.train.options.add_flags`), so the command
-line, the TOML files under ``specs/train/`` and the Python API can never drift apart. Only flags
-the user actually gives override the file (their argparse default is None); the help shows the
-defaults a run starts from: ``specs/train/pretrain.toml`` over the dataclass defaults (the data
-options are not in the file; their defaults are `PretrainDataConfig`'s), loaded the way a run
-loads them, so the help cannot show a value the run would not use.
+line, the TOML files under ``folnet/specs/train/`` and the Python API can never drift apart.
+Only flags the user actually gives override the file (their argparse default is None); the help
+shows the defaults a run starts from: ``folnet/specs/train/pretrain.toml`` over the dataclass
+defaults (the data options are not in the file; their defaults are `PretrainDataConfig`'s),
+loaded the way a run loads them, so the help cannot show a value the run would not use.
 
 The run itself prints the one closing line ("done: N steps; final model and tokenizer in ..."),
 so this wrapper prints nothing after it.
@@ -47,7 +47,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file of options over the defaults shown here (those of "
-                   "specs/train/pretrain.toml over the built-in ones); flags override both")
+                   "folnet/specs/train/pretrain.toml over the built-in ones); flags override both")
     add_flags(p, PretrainConfig, {
         "model": lambda q, text: q.add_argument(
             "--model", metavar="KEY=VALUE", action="append", type=_model_item, default=None,

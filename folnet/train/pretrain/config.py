@@ -1,13 +1,13 @@
 """`PretrainConfig`: every pretraining option in one frozen dataclass, loadable from TOML.
 
 Precedence, lowest first: the dataclass defaults, the defaults file
-``specs/train/pretrain.toml``, a ``--config FILE``, then command-line flags. Each data default
-is written once: an option that `PretrainDataConfig` also has (``seq_len``, ``objective``,
-``encoding``, ...) takes its default from that dataclass, and the defaults file leaves it out;
-the file repeats only the run's own options, kept equal to the dataclass defaults by
+``folnet/specs/train/pretrain.toml``, a ``--config FILE`` (or a bundled name), then command-line
+flags. Each data default is written once: an option that `PretrainDataConfig` also has (``seq_len``,
+``objective``, ``encoding``, ...) takes its default from that dataclass, and the defaults file
+leaves it out; the file repeats only the run's own options, kept equal to the dataclass defaults by
 ``tests/train/test_pretrain_defaults.py``. Each field maps to a flag of the same name with dashes
-(``batch_size`` -> ``--batch-size``), so error messages name the flag a user would type. Model
-size overrides (D1, D2, L, dropout, ...) go in a ``[model]`` table or ``--model KEY=VALUE``.
+(``batch_size`` -> ``--batch-size``), so error messages name the flag a user would type. Model size
+overrides (D1, D2, L, dropout, ...) go in a ``[model]`` table or ``--model KEY=VALUE``.
 
 Why `batch_size` is the *global* batch (sequences per optimiser step over all processes and
 accumulation micro-batches): the paper's 131,072-sequence batch is a property of the recipe, not
