@@ -15,12 +15,13 @@ import torch
 
 from folnet.arch.config import ModelConfig
 from folnet.errors import FolnetError
+from folnet.tracing import traced
 
 
 def values_checked(tensor: torch.Tensor, validate: bool | None = None) -> bool:
     """Whether this call checks input values: ``validate`` when given, else on the CPU only;
     never while torch.compile or torch.export traces (the checks read values)."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if traced():
         return False
     return validate if validate is not None else tensor.device.type == "cpu"
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec, parse_spec, spec_to_dict
+from folnet.tracing import traced
 
 
 def query_letter(spec: OperatorSpec) -> str:
@@ -59,7 +60,7 @@ def tril(n: int, device: torch.device) -> torch.Tensor:
     (length, device) in eager mode; made afresh while torch.export or torch.compile traces
     (a symbolic length cannot be a cache key, and a cached tensor made during one trace is
     a fake tensor that the next trace would take for a constant)."""
-    if not isinstance(n, int) or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if not isinstance(n, int) or traced():
         return torch.ones(n, n, dtype=torch.bool, device=device).tril_()
     return _tril(n, device)
 

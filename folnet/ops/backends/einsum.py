@@ -10,6 +10,7 @@ import torch
 
 from folnet.ops import masks
 from folnet.ops.backends.base import Backend, activated_kernel
+from folnet.tracing import traced
 
 
 @functools.lru_cache(maxsize=1024)
@@ -37,6 +38,6 @@ class EinsumBackend(Backend):
             v = v * pkeep
         k, p, o = ("".join(t) for t in (kidx, spec.premise, spec.output))
         equation = f"b{k},b{p}->b{o}"
-        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        if traced():
             return torch.einsum(equation, K, v)  # symbolic shapes: no cache keyed by them
         return _expression(equation, (tuple(K.shape), tuple(v.shape)))(K, v, backend="torch")

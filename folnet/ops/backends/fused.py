@@ -38,6 +38,7 @@ from folnet.ops.backends.base import Backend, Operand, activate
 from folnet.ops.kernels.sink import sink_einsum
 from folnet.ops.sizes import channel_sizes
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+from folnet.tracing import traced
 
 FOLD_LETTER = {"kernel": "d", "premise": "f"}
 ROLES = ("kernel", "premise")
@@ -184,13 +185,13 @@ def run_terms(plan: tuple[Term, ...], operands: dict[str, list[torch.Tensor]],
     gradient is added in place (`folnet.ops.kernels.sink`: two-tensor terms only). The result
     is laid out as ``full_letters``."""
     full_shape = [sizes[c] for c in full_letters]
-    traced = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    is_traced = traced()
     total = None
     for t in plan:
         args = []
         for role, mode in t.roles:
             args += operands[role] if mode != "bias" else [bias[role]]
-        if traced and len(args) > 2:
+        if is_traced and len(args) > 2:
             out = einsum_by_path(t.equation, *args)
         elif sinks and len(args) == 2 and all(mode == "tensor" for _, mode in t.roles):
             out = sink_einsum(t.equation, *args, sinks=tuple(sinks.get(r) for r, _ in t.roles))
