@@ -121,6 +121,12 @@ class FolnetPreTrainedModel(PreTrainedModel):
         """Whether the layers are recomputed in the backward pass (folnet's own flag)."""
         return bool(self.native.checkpointing)
 
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """The same flag under the name transformers before 5.24 reads (it looked for a
+        ``gradient_checkpointing`` attribute on submodules, which folnet's layers do not have)."""
+        return self.is_activation_checkpointing
+
     def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
         self.native.set_activation_checkpointing(True)
 

@@ -55,6 +55,18 @@ class FolnetCache:
         return ids[:, seen:] if ids.shape[1] > seen else ids
 
 
+#: The name transformers gives the past state, in the outputs and in forward's arguments:
+#: ``cache`` from 5.24 on, ``past_key_values`` before (5.0-5.23; the GPU images carry 5.17).
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _past(cache: FolnetCache | None, kwargs: dict[str, Any]) -> FolnetCache | None:
+    """The cache a call passed, by either name (an older transformers' generate passes
+    ``past_key_values``)."""
+    older = kwargs.pop("past_key_values", None)
+    return cache if cache is not None else older
+
+
 def _kept(logits: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
     """The last ``logits_to_keep`` positions' logits (all of them for 0)."""
     return logits[:, -logits_to_keep:] if logits_to_keep else logits
@@ -97,6 +109,7 @@ class FolnetForCausalLM(_Generating):
             raise FolnetError("token_type_ids: a FOLNet decoder has no token types; give none "
                               "(or zeros)")
         native = self.native
+        cache = _past(cache, kwargs)
         if cache is not None or (use_cache and labels is None and not output_relations):
             record = self._record(output_attentions, output_hidden_states)
             if cache is not None:  # one more step of a running generation
@@ -109,7 +122,7 @@ class FolnetForCausalLM(_Generating):
                 logits, session = native.begin(ids, pad, prefix, record=record)
                 cache = FolnetCache(session)
             return as_returned(CausalLMOutputWithPast(
-                logits=_kept(logits, logits_to_keep), cache=cache, **self._states(record)),
+                logits=_kept(logits, logits_to_keep), **{CACHE: cache}, **self._states(record)),
                 return_dict)
         out = native(input_ids, prefix_lengths=prefix_lengths, labels=labels,
                      attention_mask=attention_mask,
@@ -186,6 +199,7 @@ class FolnetForConditionalGeneration(_Generating):
                 output_hidden_states: bool | None = None, output_relations: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
         native = self.native
+        cache = _past(cache, kwargs)
         if cache is not None or (use_cache and labels is None and decoder_input_ids is not None
                                  and decoder_attention_mask is None and not output_relations):
             record = self._record(output_attentions, output_hidden_states)
@@ -199,7 +213,7 @@ class FolnetForConditionalGeneration(_Generating):
                 logits, session = native.begin(None, pad, start, encoded=encoded, record=record)
                 cache = FolnetCache(session, offset=encoded[0].shape[1])
             return as_returned(Seq2SeqLMOutput(
-                logits=_kept(logits, logits_to_keep), cache=cache,
+                logits=_kept(logits, logits_to_keep), **{CACHE: cache},
                 decoder_hidden_states=self._states(record).get("hidden_states"),
                 decoder_attentions=self._states(record).get("attentions")), return_dict)
         asked = self._asked(output_attentions, output_hidden_states, output_relations)
