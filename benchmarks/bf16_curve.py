@@ -55,18 +55,22 @@ def learnable_batch(batch: int, seq_len: int, vocab: int, seed: int):
 
 
 def curve(ops: str, args, bf16: bool) -> list[float]:
-    """Losses of ``args.steps`` AdamW steps from a fixed initialisation."""
-    model = build("ours", ops, args, backend="auto").train()  # seeded, as pretraining runs it
+    """Losses of ``args.steps`` AdamW steps from a fixed initialisation, on ``args.device``
+    (the CPU when it names none), with ``args.model`` overrides when it has them."""
+    device = torch.device(getattr(args, "device", "cpu"))
+    # seeded, as pretraining runs it
+    model = build("ours", ops, args, "auto", **getattr(args, "model", {})).train()
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = max(1, args.steps // 5)  # a linear warm-up over the first fifth of the steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     torch.manual_seed(1)  # the dropout masks: the same draws in both runs
     losses = []
     for step in range(args.steps):
-        ids, types, labels, nsp = learnable_batch(args.batch, args.seq_len, args.vocab_size,
-                                                  seed=step)
+        batch = learnable_batch(args.batch, args.seq_len, args.vocab_size, seed=step)
+        ids, types, labels, nsp = (t.to(device) for t in batch)
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             out = model(ids, types, mlm_labels=labels, nsp_labels=nsp)
         out.loss.backward()
         opt.step()

@@ -93,10 +93,11 @@ def training_step(model, args, dtype: str):
     return step
 
 
-def build(impl: str, ops: str, args, backend: str):
+def build(impl: str, ops: str, args, backend: str, **overrides):
+    """The benchmark's seeded model (``overrides``: model fields, e.g. dropout=0.0)."""
     torch.manual_seed(0)
     model = folnet.build_model(ops, preset=args.preset, head="pretraining",
-                               vocab_size=args.vocab_size, backend=backend)
+                               vocab_size=args.vocab_size, backend=backend, **overrides)
     if impl == "baseline":
         # the per-operator oracle lives with the tests (imported here: a "before" checkout
         # need not run it)
