@@ -55,7 +55,7 @@ class ModelInfo:
                      f"{self.activation_bytes / 2**20:,.1f} MiB per sequence; "
                      f"{self.activation_bytes_blocked / 2**20:,.1f} MiB with the mixer and the "
                      f"binary FFN in row blocks (folnet.set_memory(model, 'blocked'); 'auto' "
-                     f"blocks from T = {AUTO_MIN_T})")
+                     f"blocks from T = {AUTO_MIN_T} on a CPU)")
         return "\n".join(lines)
 
 

@@ -167,6 +167,11 @@ def test_auto_choice_and_errors():
     assert block_rows_for(512, "auto", 32) == 32
     assert block_rows_for(4096, "full", None) is None
     assert block_rows_for(8, "blocked", None, row_pairs=8) == BLOCK_PAIRS["mixer"] // 8
+    # off the CPU "auto" keeps the full square at every length; "blocked" still blocks there
+    for device_type in ("cuda", "meta", "mps"):
+        assert block_rows_for(4096, "auto", None, device_type=device_type) is None
+        assert block_rows_for(4096, "blocked", 8, device_type=device_type) == 8
+    assert block_rows_for(4096, "auto", 8, device_type="cpu") == 8
     model = folnet.build_model("j.a", preset="tiny")
     with pytest.raises(FolnetError, match=r"memory mode 'tiled' is unknown; use 'auto', 'full'"):
         folnet.set_memory(model, "tiled")

@@ -87,6 +87,18 @@ def test_long_sequences_are_estimated_quickly_from_the_exact_parabola():
         fit_pretraining_batch(config, 1024, CPU, 1)
 
 
+def test_the_estimate_follows_the_mode_auto_takes_on_the_device():
+    """At T = 512 'auto' blocks on a CPU and keeps the full square on a GPU, so a GPU step is
+    estimated at the full square's (larger) activation memory."""
+    config = load_pretrain_config(None, {"ops": "j.at", "preset": "tiny", "seq_len": 512})
+    cpu = pretraining_step_memory(config, 1024, CPU)
+    gpu = pretraining_step_memory(config, 1024, torch.device("cuda"))
+    assert gpu.per_sequence > 1.5 * cpu.per_sequence
+    short = config.replace(seq_len=128)
+    assert (pretraining_step_memory(short, 1024, torch.device("cuda")).per_sequence
+            == pretraining_step_memory(short, 1024, CPU).per_sequence)
+
+
 @pytest.mark.numerics
 def test_a_split_batch_gives_the_unsplit_loss_and_gradients():
     from folnet.train.data.masking import PretrainingCollator

@@ -239,7 +239,8 @@ class DualStreamLayer(nn.Module):
         n1 = self._norm(u1, cfg.D1)
         row_pairs = u2.shape[0] * u2.shape[2]  # B x n
         rows = None if attentions is not None else block_rows_for(
-            u2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs)
+            u2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs,
+            device_type=u2.device.type)
         n2 = self._norm_binary(u2)
         dispatch = self.dispatch(n2, domain, unary_only)
         keep = domain.keep()  # (B|1, Q, n, 1) or None
@@ -257,9 +258,11 @@ class DualStreamLayer(nn.Module):
         # `dropout_add` draws it); query rows of a longer domain pass their transposed input
         if rows is not None and domain.rows is None:
             p = cfg.dropout if self.training else 0.0
-            u2 = add_update(u2, self.ffn_b(n2, block_rows=block_rows_for(
-                n2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs,
-                stage="ffn"), keep=keep_mask(u2.shape, p, u2.device) if p else None, p=p))
+            ffn_rows = block_rows_for(n2.shape[1], self.memory_mode, self.block_rows,
+                                      row_pairs=row_pairs, stage="ffn",
+                                      device_type=u2.device.type)
+            keep_b = keep_mask(u2.shape, p, u2.device) if p else None
+            u2 = add_update(u2, self.ffn_b(n2, block_rows=ffn_rows, keep=keep_b, p=p))
         else:
             u2 = dropout_add(u2, self.ffn_b(n2, domain.transposed(n2)), cfg.dropout,
                              self.training)

@@ -9,8 +9,13 @@ whole). The mode is a property of a run, not of the architecture -- it changes w
 for the backward pass, never the function computed -- so it is set on a built model
 (`set_memory`) and not saved:
 
-* ``"auto"`` (default): blocked from `AUTO_MIN_T` tokens on, the full square below (where the
-  full square's fused CPU kernels are faster and its memory small) and while tracing;
+* ``"auto"`` (default): on a CPU, blocked from `AUTO_MIN_T` tokens on, the full square below
+  (where the full square's fused CPU kernels are faster and its memory small) and while
+  tracing; on any other device the full square. Measured on an H200 (benchmarks/gpu_check.py,
+  2026-11-27): blocks of `BLOCK_PAIRS` made a base-preset layer at T = 512 11x slower than the
+  full square and a small-preset training step at T = 512, batch 32, 100x slower -- each
+  block's kernels are too small to fill a GPU -- while the full square fitted with room to
+  spare. A run whose square does not fit asks for ``"blocked"``;
 * ``"full"``: always the full square;
 * ``"blocked"``: always blocked, ``block_rows`` rows at a time, by default as many rows as
   make `BLOCK_PAIRS` token pairs (batch x rows x columns) per block for that stage.
@@ -18,15 +23,15 @@ for the backward pass, never the function computed -- so it is set on a built mo
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from folnet.errors import FolnetError, choices
 from folnet.ops import masks
 from folnet.ops.spec import OperatorSpec
+from folnet.tracing import traced
 
-__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "block_reach", "block_rows_for",
-           "set_memory"]
+__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "auto_blocks", "block_reach",
+           "block_rows_for", "set_memory"]
 
 MEMORY_MODES = ("auto", "full", "blocked")
 #: Sequence length from which ``"auto"`` blocks.
@@ -38,19 +43,22 @@ AUTO_MIN_T = 256
 BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
 
 
+def auto_blocks(tokens: int, device_type: str) -> bool:
+    """Whether ``"auto"`` runs ``tokens`` query rows on ``device_type`` in blocks: on a CPU from
+    `AUTO_MIN_T` on, never elsewhere (the module docstring says why). While torch.compile or
+    torch.export traces, never: a branch on the length would pin a dynamic length to one side
+    of `AUTO_MIN_T`."""
+    if device_type != "cpu" or traced() or not isinstance(tokens, int):  # symbolic: tracing
+        return False
+    return tokens >= AUTO_MIN_T
+
+
 def block_rows_for(tokens: int, mode: str, block_rows: int | None, *, row_pairs: int = 1,
-                   stage: str = "mixer") -> int | None:
+                   stage: str = "mixer", device_type: str = "cpu") -> int | None:
     """Rows per block for ``tokens`` query rows of ``row_pairs`` pairs each (batch x columns)
-    in ``stage`` ("mixer" or "ffn"), or None for the full square. While torch.compile or
-    torch.export traces, ``"auto"`` keeps the full square: a branch on the length would pin a
-    dynamic length to one side of `AUTO_MIN_T`."""
-    if mode == "full":
+    in ``stage`` ("mixer" or "ffn") on ``device_type``, or None for the full square."""
+    if mode == "full" or (mode == "auto" and not auto_blocks(tokens, device_type)):
         return None
-    if mode == "auto":
-        traced = (torch.compiler.is_compiling() or torch.compiler.is_exporting()
-                  or not isinstance(tokens, int))  # a symbolic length: tracing
-        if traced or tokens < AUTO_MIN_T:
-            return None
     return block_rows or max(1, BLOCK_PAIRS[stage] // max(1, row_pairs))
 
 

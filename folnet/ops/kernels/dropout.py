@@ -5,13 +5,14 @@ the cost of an add, and the binary stream (B x T x T x D2) gets dropout twice pe
 keep mask comes from 64-bit random words cut into four 15-bit lanes (one RNG call per four
 elements) compared against ``p * 2**15``; the mask is stored as bool (1 byte per element) for the
 backward pass. The draw uses torch's default generator, so seeding and RNG-state checkpoints
-cover it. On CUDA the native kernels are already fast and are used as they are.
+cover it. Every device draws this way: the row-blocked path draws its masks with `keep_mask`
+(one per block, then handed in), so the whole square must draw the same masks for the memory
+mode never to change the function computed -- on CUDA it once used ``F.dropout`` and did not.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 _LANES = 4  # 15-bit lanes per 64-bit random word
 _LEVELS = 1 << 15
@@ -66,11 +67,9 @@ class _DropoutAdd(torch.autograd.Function):
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout; the cheap mask on CPU, ``F.dropout`` elsewhere."""
+    """Inverted dropout with a `keep_mask`."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu":
-        return F.dropout(x, p, True)
     return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
 
 
@@ -80,8 +79,6 @@ def dropout_add(residual: torch.Tensor, x: torch.Tensor, p: float, training: boo
     drawn earlier, on any device) replaces the draw."""
     if not training or p == 0.0:
         return residual + x
-    if mask is None and x.device.type != "cpu":
-        return residual + F.dropout(x, p, True)
     if mask is None:
         mask = keep_mask(torch.broadcast_shapes(residual.shape, x.shape), p, x.device)
     return _DropoutAdd.apply(residual, x, mask, 1.0 / (1.0 - p))

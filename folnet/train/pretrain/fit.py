@@ -11,7 +11,7 @@ import torch
 
 from folnet.arch import build_model
 from folnet.arch.info import saved_bytes
-from folnet.arch.layer.memory import AUTO_MIN_T
+from folnet.arch.layer.memory import auto_blocks
 from folnet.train.engine.memory import Fit, StepMemory, fit_batch, resolve_budget
 from folnet.train.pretrain.config import PretrainConfig
 
@@ -24,7 +24,8 @@ def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: tor
     with torch.device("meta"):
         model = build_model(config.ops, preset=config.preset, head="pretraining",
                             vocab_size=vocab_size, **config.model_overrides)
-    mode = "blocked" if config.seq_len >= AUTO_MIN_T else "full"  # the layers' 'auto' mode
+    # the layers' 'auto' mode on the run's device
+    mode = "blocked" if auto_blocks(config.seq_len, device.type) else "full"
     saved = saved_bytes(model, config.seq_len, mode)
     parameters = sum(p.numel() for p in model.parameters())
     # MLM logits at the predicted positions, their softmax and gradient: [P, V] float32 x 3
