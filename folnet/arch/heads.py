@@ -55,6 +55,24 @@ class PoolerClassifier(nn.Module):
         return self.linear(self.dropout(pooled))
 
 
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of sequence-classification logits (B, C), the problem told by the labels' form
+    as transformers tells it: one output is regression (MSE against float targets (B,)),
+    integer labels (B,) are single-label (cross-entropy, -100 ignored), float labels (B, C)
+    are multi-label (binary cross-entropy with logits, one yes/no per class). Float labels
+    for several classes used to go to the cross-entropy, which read them as a distribution
+    over the classes -- another loss, silently."""
+    if logits.shape[-1] == 1:  # regression
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    if labels.is_floating_point():
+        if tuple(labels.shape) != tuple(logits.shape):
+            raise FolnetError(f"labels: float labels are multi-label targets, one per class, "
+                              f"and must have the logits' shape {tuple(logits.shape)}, got "
+                              f"{tuple(labels.shape)} (single-label classes are integers)")
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    return token_cross_entropy(logits, check_labels(labels, tuple(logits.shape[:1])))
+
+
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the positions whose label is not -100; 0 when there are none (a
     batch in which no token was masked: see `token_cross_entropy`)."""
@@ -141,11 +159,7 @@ class _Classification(Head):
     def forward(self, model, out, targets):
         out.logits = model.classifier(out.pooled_output)  # (B, C)
         labels = targets.labels
-        if labels is None:
-            return []
-        if out.logits.shape[-1] == 1:  # regression
-            return [F.mse_loss(out.logits.squeeze(-1).float(), labels.float())]
-        return [token_cross_entropy(out.logits, labels)]
+        return [] if labels is None else [classification_loss(out.logits, labels)]
 
 
 class _MultipleChoice(Head):

@@ -23,7 +23,7 @@ from torch import nn
 from folnet.arch.config import SIZE_LIMITS, ModelConfig
 from folnet.errors import FolnetError
 
-__all__ = ["resize_vocabulary"]
+__all__ = ["replace_word_embedding", "resize_vocabulary"]
 
 
 def _mean_rows(old: torch.Tensor, count: int, generator: torch.Generator | None
@@ -90,3 +90,31 @@ def _resized_bias(bias: torch.Tensor, old_v: int, new_v: int, rows: int, mean_re
             noise = torch.randn(new_v - old_v, generator=generator) * spread
             out[old_v:new_v] = (old.mean() + noise).to(bias.dtype)
     return out
+
+
+def replace_word_embedding(model: nn.Module, new: nn.Module) -> nn.Module:
+    """Put ``new`` wherever ``model`` holds its word embedding -- the atoms that own or share
+    it and every head tied to it -- so the model reads and predicts through ``new`` alone
+    (transformers' ``set_input_embeddings``; PEFT's trainable-token wrappers use it).
+
+    ``new`` must have the current weight's shape (the vocabulary's padded rows by D1): the tied
+    heads' biases have one entry per row. Another vocabulary size is
+    ``resize_token_embeddings``' job, and is refused here with that advice."""
+    old = model.word_embedding()
+    weight = getattr(new, "weight", None)
+    if not isinstance(new, nn.Module) or not isinstance(weight, torch.Tensor):
+        raise FolnetError(f"set_input_embeddings needs a module with a weight (an "
+                          f"nn.Embedding), got {type(new).__name__}")
+    if tuple(weight.shape) != tuple(old.weight.shape):
+        raise FolnetError(f"set_input_embeddings: the new embedding's weight is "
+                          f"{tuple(weight.shape)}, the model's {tuple(old.weight.shape)} "
+                          f"(vocabulary {model.cfg.vocab_size} padded to a multiple of 8, by "
+                          f"D1); to change the vocabulary use resize_token_embeddings(n)")
+    for module in model.modules():
+        for name, child in list(module._modules.items()):
+            if child is old:
+                module._modules[name] = new
+        for name in ("_word", "_shared_word"):  # tied heads, a decoder's shared atoms
+            if module.__dict__.get(name) is old:
+                object.__setattr__(module, name, new)
+    return new

@@ -16,8 +16,56 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 from folnet.arch import ModelConfig, ensure_operators
-from folnet.arch.config import OVERRIDES, check_num_labels, make_config
+from folnet.arch.config import OVERRIDES, check_fields, check_num_labels, make_config
 from folnet.errors import FolnetError
+
+#: Every name a transformers user reaches a folnet model setting by -- folnet's
+#: `ModelConfig` field first, then the BERT, GPT-2 and T5 names of the same thing -- the one
+#: table `FolnetConfig`'s attributes are made from. Settings of the run may change when a
+#: model is loaded (``from_pretrained(dir, hidden_dropout_prob=0.0)``); sizes are the weights'
+#: and can only be read (tools that size caches or report models read them by these names).
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "dropout": ("dropout", "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "dropout_rate"),
+    "attention_dropout": ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop"),
+    "layer_norm_eps": ("layer_norm_eps", "layer_norm_epsilon"),
+    "initializer_range": ("initializer_range",),
+    "backend": ("backend",),
+}
+SIZES: dict[str, tuple[str, ...]] = {
+    "D1": ("D1", "hidden_size", "n_embd", "d_model"),
+    "L": ("L", "num_hidden_layers", "n_layer", "num_layers"),
+    "H": ("H", "num_attention_heads", "n_head", "num_heads"),
+    "S": ("S", "d_kv"),
+    "F1": ("F1", "intermediate_size", "n_inner", "d_ff"),
+    "max_positions": ("max_positions", "max_position_embeddings", "n_positions"),
+    "vocab_size": ("vocab_size",),
+    "type_vocab_size": ("type_vocab_size",),
+    "D2": ("D2",), "F2": ("F2",), "delta": ("delta",), "position": ("position",),
+}
+
+
+def _setting(field: str, name: str) -> property:
+    def get(self: FolnetConfig) -> Any:
+        return self.model[field]
+
+    def put(self: FolnetConfig, value: Any) -> None:
+        check_fields({field: value}, f"{name} (folnet's {field}): " if name != field else "")
+        self.model = {**self.model, field: value}
+
+    return property(get, put, doc=f"folnet's ``{field}`` (settable, also at load)")
+
+
+def _size(field: str, name: str) -> property:
+    def get(self: FolnetConfig) -> Any:
+        return self.model[field]
+
+    def put(self: FolnetConfig, value: Any) -> None:
+        if value != self.model[field]:
+            raise FolnetError(f"{name} (folnet's {field}) is {self.model[field]!r}, fixed by the "
+                              f"model's weights; {value!r} cannot be set (a model of other "
+                              f"sizes is built, not loaded: folnet.build_model)")
+
+    return property(get, put, doc=f"folnet's ``{field}`` (read only: the weights' size)")
 
 
 class FolnetConfig(PreTrainedConfig):
@@ -33,7 +81,12 @@ class FolnetConfig(PreTrainedConfig):
     format: str = "folnet"
     version: int = 2
     pad_token_id: int | None = 0
-    tie_word_embeddings: bool = False  # the LM heads share the embedding by construction
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    use_cache: bool = True  # the text kinds' generate keeps folnet's own row cache
+    # whether the head's decoder is the word embedding: set from the head when a model is
+    # built (the MLM and LM heads are tied by construction, the others have no decoder)
+    tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.model is None:
@@ -89,11 +142,12 @@ class FolnetConfig(PreTrainedConfig):
         ensure_operators(cfg)
         return cfg
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model["vocab_size"])
 
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model["D1"])
+
+for _field, _names in SETTINGS.items():
+    for _name in _names:
+        setattr(FolnetConfig, _name, _setting(_field, _name))
+for _field, _names in SIZES.items():
+    for _name in _names:
+        setattr(FolnetConfig, _name, _size(_field, _name))
 

@@ -37,6 +37,10 @@ except ImportError:  # pragma: no cover
     from torch.nn import init
 
 
+#: The heads whose decoder is the word embedding itself.
+TIED_HEADS = ("mlm", "pretraining", "lm")
+
+
 class FolnetPreTrainedModel(PreTrainedModel):
     """The native folnet model of the class's kind and head, as a transformers model."""
 
@@ -58,7 +62,17 @@ class FolnetPreTrainedModel(PreTrainedModel):
             self.add_module(name, child)
         object.__setattr__(self, "native", native)  # not a submodule: no second key
         config.head = native.head
+        config.tie_word_embeddings = native.head in TIED_HEADS
         self.post_init()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A module set under an adopted name (``model.classifier = head``, PEFT's trainable
+        copy of a head in ``modules_to_save``, a wrapped ``encoder``) is set on the native
+        model too, whose forward reads it: the two must never hold different modules."""
+        super().__setattr__(name, value)
+        native = self.__dict__.get("native")
+        if native is not None and isinstance(value, nn.Module) and name in native._modules:
+            setattr(native, name, value)
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any):
@@ -90,12 +104,16 @@ class FolnetPreTrainedModel(PreTrainedModel):
     def get_input_embeddings(self) -> nn.Module:
         return self.native.word_embedding()
 
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        """Read (and, for the tied LM heads, predict) through ``value``, a module of the current
+        embedding's shape; another vocabulary size is ``resize_token_embeddings``'."""
+        self.native.set_word_embedding(value)
+
     def get_output_embeddings(self) -> nn.Module | None:
         """The LM/MLM head's decoder: the word embedding itself (tied by construction, so
         ``get_output_embeddings().weight is get_input_embeddings().weight``); None for heads
         that do not predict tokens."""
-        tied = self.native.head in ("mlm", "pretraining", "lm")
-        return self.native.word_embedding() if tied else None
+        return self.native.word_embedding() if self.native.head in TIED_HEADS else None
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None,
                                 pad_to_multiple_of: int | None = None,
@@ -153,8 +171,15 @@ class FolnetPreTrainedModel(PreTrainedModel):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
                                     output_attentions=output_attentions,
                                     output_hidden_states=output_hidden_states)
-        return as_returned(output_cls(loss=out.loss, logits=out.logits, **states(out)),
+        return self._returned(output_cls(loss=out.loss, logits=out.logits, **states(out)),
                            return_dict)
+
+    def _returned(self, output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+        """``output`` as the caller asked for it: the ModelOutput, or its tuple of non-None
+        fields with ``return_dict=False`` -- given to this call, or else the config's
+        (``from_pretrained(..., return_dict=False)``), as transformers' own classes do."""
+        wanted = self.config.return_dict if return_dict is None else return_dict
+        return as_returned(output, wanted)
 
     def _encoder_forward(self, input_ids, attention_mask, token_type_ids, *,
                          output_attentions=None, output_hidden_states=None,
@@ -211,7 +236,7 @@ class FolnetModel(FolnetPreTrainedModel):
                                     output_attentions=output_attentions,
                                     output_hidden_states=output_hidden_states,
                                     output_relations=output_relations)
-        return as_returned(FolnetModelOutput(
+        return self._returned(FolnetModelOutput(
             out.sequence_output, out.pooled_output, out.relation_output, out.hidden_states,
             out.attentions, out.relation_states), return_dict)
 
@@ -229,7 +254,7 @@ class FolnetForPreTraining(FolnetPreTrainedModel):
                                     mlm_labels=labels, nsp_labels=next_sentence_label,
                                     output_attentions=output_attentions,
                                     output_hidden_states=output_hidden_states)
-        return as_returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits,
+        return self._returned(FolnetForPreTrainingOutput(out.loss, out.mlm_logits, out.nsp_logits,
                                                       **states(out)), return_dict)
 
 
@@ -245,18 +270,50 @@ class FolnetForMaskedLM(FolnetPreTrainedModel):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids,
                                     mlm_labels=labels, output_attentions=output_attentions,
                                     output_hidden_states=output_hidden_states)
-        return as_returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits, **states(out)),
+        return self._returned(MaskedLMOutput(loss=out.loss, logits=out.mlm_logits, **states(out)),
                            return_dict)
 
 
+#: transformers' problem types of a sequence classifier (``config.problem_type``).
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def check_problem_type(config: FolnetConfig, labels: torch.Tensor) -> None:
+    """``config.problem_type`` as BERT resolves it -- when unset, regression for one label,
+    else single-label for integer labels and multi-label for float ones, then stored -- and
+    checked against what folnet's head computes for the labels given
+    (`folnet.arch.heads.classification_loss`), so that the two can never disagree silently."""
+    kind, n = config.problem_type, config.num_labels
+    floating = labels.is_floating_point()
+    if kind is None:
+        kind = ("regression" if n == 1 else
+                "multi_label_classification" if floating else "single_label_classification")
+        config.problem_type = kind
+    if kind not in PROBLEM_TYPES:
+        raise FolnetError(f"problem_type {kind!r} is unknown; use one of {PROBLEM_TYPES}")
+    wrong = {"regression": n != 1,
+             "single_label_classification": n == 1 or floating,
+             "multi_label_classification": n == 1 or not floating}[kind]
+    if wrong:
+        raise FolnetError(f"problem_type {kind!r} with num_labels={n} and {labels.dtype} labels: "
+                          f"folnet computes regression for num_labels=1, single-label for "
+                          f"integer labels (B,) and multi-label for float labels (B, "
+                          f"num_labels)")
+
+
 class FolnetForSequenceClassification(FolnetPreTrainedModel):
-    """Dropout + Linear on the pooled token 0; ``num_labels=1`` is regression (MSE)."""
+    """Dropout + Linear on the pooled token 0 (``self.classifier``, which the forward reads:
+    a replaced head or PEFT's trainable copy takes effect); the loss by ``problem_type``:
+    regression (MSE) for one label, cross-entropy for integer labels, binary cross-entropy
+    for float multi-label targets."""
 
     head = "classification"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
+        if labels is not None:
+            check_problem_type(self.config, torch.as_tensor(labels))
         return self._labelled(SequenceClassifierOutput, input_ids, attention_mask,
                               token_type_ids, labels, output_attentions, output_hidden_states,
                               return_dict)
@@ -288,7 +345,7 @@ class FolnetForQuestionAnswering(FolnetPreTrainedModel):
                                     start_positions=start_positions, end_positions=end_positions,
                                     output_attentions=output_attentions,
                                     output_hidden_states=output_hidden_states)
-        return as_returned(QuestionAnsweringModelOutput(
+        return self._returned(QuestionAnsweringModelOutput(
             loss=out.loss, start_logits=out.start_logits, end_logits=out.end_logits,
             **states(out)), return_dict)
 
@@ -304,5 +361,5 @@ class FolnetForTokenClassification(FolnetPreTrainedModel):
         out = self._encoder_forward(input_ids, attention_mask, token_type_ids, labels=labels,
                                     output_attentions=output_attentions,
                                     output_hidden_states=output_hidden_states)
-        return as_returned(TokenClassifierOutput(loss=out.loss, logits=out.logits,
+        return self._returned(TokenClassifierOutput(loss=out.loss, logits=out.logits,
                                                  **states(out)), return_dict)

@@ -15,7 +15,7 @@ from folnet.arch.heads import Head, get_head
 from folnet.arch.io.model_dir import save_pretrained
 from folnet.arch.layer.stack import Stack
 from folnet.arch.plan import ArchPlan, parse_plan
-from folnet.arch.vocab import resize_vocabulary
+from folnet.arch.vocab import replace_word_embedding, resize_vocabulary
 from folnet.errors import FolnetError
 
 
@@ -81,6 +81,11 @@ class FolnetBase(nn.Module):
         (`folnet.arch.vocab`). Returns the word embedding."""
         return resize_vocabulary(self, vocab_size, mean_resizing=mean_resizing,
                                  generator=generator)
+
+    def set_word_embedding(self, new: nn.Module) -> nn.Module:
+        """Use ``new`` (same shape) as the word embedding everywhere it is read, the tied heads
+        included (`folnet.arch.vocab.replace_word_embedding`)."""
+        return replace_word_embedding(self, new)
 
     def reset_parameters(self) -> None:
         """BERT-style init: N(0, initializer_range) weights and embeddings, zero biases. A
