@@ -66,6 +66,8 @@ class CompiledOperator:
         self.backend = backend
         self.causal = bool(causal)
         self.dims = dims
+        # each backend's decisions, made once here and never while a call is traced
+        self.plans = {name: b.plan(spec, self.causal, dims) for name, b in BACKENDS.items()}
 
     def __repr__(self) -> str:
         return (f"CompiledOperator({self.spec.symbol} {self.spec.name}: {self.spec.equation!r}, "

@@ -95,6 +95,14 @@ class Backend:
     def why_not_spec(self, spec: OperatorSpec, causal: bool) -> str | None:
         return None
 
+    def plan(self, spec: OperatorSpec, causal: bool,
+             dims: tuple[tuple[str, int], ...] | None) -> object | None:
+        """What this backend decides once, when an operator is compiled (`CompiledOperator`
+        keeps it as ``op.plans[name]``), so that no call plans again: a traced call
+        (torch.compile, torch.export) could not -- the planning parses size expressions and
+        searches contraction orders, each a graph break. None: nothing to plan."""
+        return None
+
     def layout(self, op: CompiledOperator, role: str) -> str:
         """How a projected ``role`` tensor is handed to `run`: one of `LAYOUTS`."""
         return "cl"

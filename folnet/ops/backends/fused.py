@@ -53,6 +53,17 @@ class Term:
     out_letters: str  # letters of this term's result, a subsequence of the full output
     missing: str  # a reduced token letter no operand carries (its size multiplies), or ""
     permute: tuple[int, ...] | None  # einsum's output order -> out_letters (None: the same)
+    path: tuple[tuple[int, int], ...] | None = None  # `pairwise_path`, for 3+ operands
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """The fused backend's decisions for one compiled operator (`FusedBackend.plan`): which of
+    kernel and premise to fold, and the einsum terms of every (folded, biased) combination a
+    call can hand over, each with its contraction order."""
+
+    fold: dict[str, bool]  # by role
+    terms: dict[tuple[tuple[bool, bool], tuple[bool, bool]], tuple[Term, ...]]
 
 
 def _operands(spec: OperatorSpec, role: str, mode: str) -> list[str]:
@@ -83,8 +94,10 @@ def term(spec: OperatorSpec, kernel_mode: str, premise_mode: str) -> Term:
     missing = spec.rdim if spec.rdim in TOKEN_LETTERS and spec.rdim not in present else ""
     order = _einsum_order(subs, out_letters)
     permute = None if order == out_letters else tuple(order.index(c) for c in out_letters)
-    return Term(equation=",".join(subs) + "->" + order, roles=tuple(modes.items()),
-                out_letters=out_letters, missing=missing, permute=permute)
+    equation = ",".join(subs) + "->" + order
+    return Term(equation=equation, roles=tuple(modes.items()), out_letters=out_letters,
+                missing=missing, permute=permute,
+                path=pairwise_path(equation) if len(subs) > 2 else None)
 
 
 def _einsum_order(subs: list[str], out_letters: str) -> str:
@@ -159,14 +172,18 @@ def pairwise_path(equation: str) -> tuple[tuple[int, int], ...]:
     return tuple(tuple(step) for step in path)
 
 
-def einsum_by_path(equation: str, *tensors: torch.Tensor) -> torch.Tensor:
-    """``torch.einsum(equation, *tensors)`` as the two-operand contractions of
-    `pairwise_path`, each keeping only the letters a later step or the output needs."""
+def einsum_by_path(equation: str, *tensors: torch.Tensor,
+                   path: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+    """``torch.einsum(equation, *tensors)`` as the two-operand contractions of ``path``
+    (`pairwise_path` when not given), each keeping only the letters a later step or the output
+    needs."""
     inputs, output = equation.split("->")
     subs, ops = inputs.split(","), list(tensors)
-    for step in pairwise_path(equation):
-        picked = sorted(step, reverse=True)
-        pair = [(subs.pop(i), ops.pop(i)) for i in picked]
+    for step in path if path is not None else pairwise_path(equation):
+        hi, lo = max(step), min(step)
+        pair = [(subs[hi], ops[hi]), (subs[lo], ops[lo])]  # the later operand first
+        subs = [s for k, s in enumerate(subs) if k not in step]  # no list.pop: dynamo refuses it
+        ops = [t for k, t in enumerate(ops) if k not in step]
         rest = set("".join(subs)) | set(output)
         letters = "".join(dict.fromkeys(c for s, _ in pair for c in s if c in rest))
         ops.append(torch.einsum(f"{pair[0][0]},{pair[1][0]}->{letters}", pair[0][1], pair[1][1]))
@@ -192,7 +209,7 @@ def run_terms(plan: tuple[Term, ...], operands: dict[str, list[torch.Tensor]],
         for role, mode in t.roles:
             args += operands[role] if mode != "bias" else [bias[role]]
         if is_traced and len(args) > 2:
-            out = einsum_by_path(t.equation, *args)
+            out = einsum_by_path(t.equation, *args, path=t.path)
         elif sinks and len(args) == 2 and all(mode == "tensor" for _, mode in t.roles):
             out = sink_einsum(t.equation, *args, sinks=tuple(sinks.get(r) for r, _ in t.roles))
         else:
@@ -234,11 +251,19 @@ class FusedBackend(Backend):
             return "a padding mask on a reduction without softmax needs the materialised kernel"
         return None
 
+    def plan(self, spec, causal, dims):
+        if self.why_not_spec(spec, causal) is not None:
+            return None
+        fold = dict(fold_plan(spec, dims)) if dims is not None else dict.fromkeys(ROLES, False)
+        flags = ((False, False), (False, True), (True, False), (True, True))
+        return FusedPlan(fold, {(folded, biased): terms(spec, folded, biased)
+                                for folded in flags for biased in flags})
+
     def layout(self, op, role):
         spec = op.spec
         if spec.stream(role) == "U":
             return "cl"
-        if op.dims is not None and dict(fold_plan(spec, op.dims))[role]:
+        if op.plans["fused"].fold[role]:
             return "fold"
         return "cf" if attention_layout(spec) is not None else "cl"
 
@@ -260,8 +285,8 @@ class FusedBackend(Backend):
             operands[role] = [Operand(t, operand.letters).laid_out(spec.tensor(role))]
             if operand.sink is not None and t is operand.tensor:  # (not once activated)
                 sinks[role] = operand.sink_laid_out(spec.tensor(role))
-        plan = terms(spec, (kernel.folded, premise.folded),
-                     (kernel.bias is not None, premise.bias is not None))
+        plan = op.plans["fused"].terms[(kernel.folded, premise.folded),
+                                       (kernel.bias is not None, premise.bias is not None)]
         out = run_terms(plan, operands, bias, sizes, output_letters(spec), sinks)
         letters = output_letters(spec)[1:]
         return out.permute([0] + [1 + letters.index(c) for c in spec.output])  # a view
