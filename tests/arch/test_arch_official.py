@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from paths import OFFICIAL as PREFIX
-from tolerances import assert_stored
+from tolerances import assert_rel, assert_stored
 
 import folnet
 from folnet.cli import main as cli_main
@@ -85,6 +85,34 @@ def test_padding_mask_all_ones_is_the_released_computation(reference):
         a = model(ids, types).sequence_output
         b = model(ids, types, attention_mask=torch.ones_like(ids)).sequence_output
     assert torch.equal(a, b)
+
+
+@pytest.mark.numerics
+def test_a_padded_row_is_the_released_computation_of_its_real_tokens(reference):
+    """What the all-ones mask above cannot see: a row padded with other tokens behind a mask
+    gives, at its real positions, what the independent float64 reference of the released code
+    computes for those tokens alone (tests/released_reference.py)."""
+    import json
+
+    from released_reference import released_forward
+
+    sd = torch.load(str(PREFIX) + ".pt", weights_only=True)
+    cfg = json.loads(Path(str(PREFIX) + ".cfg").read_text())
+    model = folnet.load_official(PREFIX).double()
+    ids, types = reference["input_ids"][:2].clone(), reference["token_type_ids"][:2]
+    real = 7
+    g = torch.Generator().manual_seed(3)
+    ids[0, real:] = torch.randint(5, 900, (ids.shape[1] - real,), generator=g)  # not zeros
+    mask = torch.ones_like(ids)
+    mask[0, real:] = 0
+    want = released_forward(sd, cfg, ids[:1, :real], types[:1, :real])
+    with torch.no_grad():
+        got = model(ids, types, attention_mask=mask, output_relations=True)
+    assert_rel(got.sequence_output[0, :real], want["sequence_output"][0], 1e-10,
+               "padded row's sequence_output")
+    assert_rel(got.relation_output[0, :real, :real], want["relation_output"][0], 1e-10,
+               "padded row's relation_output")
+    assert_rel(got.pooled_output[0], want["pooled_output"][0], 1e-10, "padded row's pooled")
 
 
 @pytest.mark.numerics

@@ -169,3 +169,36 @@ def test_the_anchor_and_folnet_take_the_same_calls(tmp_path):
         lora(**{k: v for k, v in _batch().items() if k != "labels"})
     layer = folnet_model.native.encoder.layers[0]  # (wrapped in place by PEFT)
     assert "j.kernel" in repr(layer.proj_b.base_layer)  # the names print(model) shows
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(("name", "targets", "mode", "backend"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_adapted_outputs_equal_an_explicit_w_plus_ba_model(tmp_path, name, targets, mode,
+                                                           backend):
+    """Every adapter is read on every path: the adapted model's logits equal those of a
+    plain model whose weights were set by hand to W + (alpha / r) B A -- computed here from
+    the adapter tensors, not by PEFT's merge, so an adapter a backend path skipped (and a
+    merge that skipped it alike) cannot pass."""
+    model = _model(mode, backend, tmp_path)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                             init_lora_weights=False)  # random A and B: every update nonzero
+    lora = peft.get_peft_model(model, config).eval()
+    batch = {k: v for k, v in _batch(3).items() if k != "labels"}
+    with torch.no_grad():
+        adapted = lora(**batch).logits
+        weights = {}
+        for module_name, module in lora.named_modules():
+            if not hasattr(module, "lora_A") or "default" not in module.lora_A:
+                continue
+            a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+            key = module_name.replace("base_model.model.", "") + ".weight"
+            weights[key] = module.base_layer.weight + (8 / 4) * (b @ a)  # (out, in)
+        reference = _model(mode, backend, tmp_path).eval()
+        state = reference.state_dict()
+        assert set(weights) <= set(state) and weights
+        reference.load_state_dict({**state, **weights})
+        want = reference(**batch).logits
+        plain = _model(mode, backend, tmp_path).eval()(**batch).logits
+    assert float((adapted - plain).abs().max()) > 1e-3  # the adapters matter here
+    assert_close(adapted, want, rtol=1e-5, atol=1e-5, what=f"{name} adapted against W + BA")
