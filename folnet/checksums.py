@@ -10,13 +10,22 @@ The manifest is written inside the directory's atomic write, after every other f
 complete directory always has a manifest that matches it. A file the manifest does not list
 is not checked (a tokenizer a user added later, say).
 
-Where a model directory is read (`verify_model_dir`: `folnet.from_pretrained`, the Hugging
-Face classes, ``--from``, ``--init-from``) its config, weights *and tokenizer files* are
-checked: a tokenizer whose ids were swapped loads without error and silently feeds the model
-other tokens. Directories written before manifests existed have none and still load
-(checkpoints are a promise), with one warning line per directory saying that nothing could be
-checked; under `strict_checksums` (``--strict-checksums``, or ``FOLNET_STRICT_CHECKSUMS=1``)
-such a directory is refused instead.
+What is listed is decided where the directory is written, and what is checked is read from the
+manifest: where a model directory is read (`verify_model_dir`: `folnet.from_pretrained`, the
+Hugging Face classes, ``--from``, ``--init-from``) *every* file its manifest lists is checked --
+config, weights, tokenizer files (a tokenizer whose ids were swapped loads without error and
+silently feeds the model other tokens), a checkpoint's trainer state. Why no list of names on
+the reading side: a name missing from such a list went unnoticed, and an edited ``vocab.txt``
+of a published model then loaded silently. Directories folnet owns (a checkpoint, ``final/``, a
+finetuned ``model/``) list every file (`write_manifest`); a ``save_pretrained`` into a folder
+the model may share with other things (a Trainer's ``output_dir`` with its ``checkpoint-N/``
+and logs, a user's work folder) lists its model and tokenizer files only
+(`write_model_manifest`), so a log that grows later is not taken for damage.
+
+Directories written before manifests existed have none and still load (checkpoints are a
+promise), with one warning line per directory saying that nothing could be checked; under
+`strict_checksums` (``--strict-checksums``, or ``FOLNET_STRICT_CHECKSUMS=1``) such a directory
+is refused instead.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import contextlib
 import contextvars
 import hashlib
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
@@ -32,13 +42,18 @@ from folnet.atomic_write import atomic_write_json, is_leftover, warn
 from folnet.errors import FolnetError
 from folnet.read_files import read_json
 
-__all__ = ["MANIFEST", "MODEL_FILES", "file_sha256", "read_manifest", "strict_checksums",
-           "verify_files", "verify_model_dir", "write_manifest"]
+__all__ = ["MANIFEST", "MODEL_FILES", "file_sha256", "model_files", "read_manifest",
+           "strict_checksums", "verify_files", "verify_model_dir", "write_manifest",
+           "write_model_manifest"]
 
-#: What a model directory's reader checks (when the manifest lists them): the model and every
-#: tokenizer file the tokenizers and transformers loaders read.
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt")
+#: The files of a model directory that `write_model_manifest` records when present: what the
+#: folnet, transformers and tokenizers loaders read (weights shards too, by `_SHARD`). Only the
+#: writer into a shared folder uses it; the readers check whatever the manifest lists.
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors",
+               "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model")
+_SHARD = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 
 _STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("folnet_strict_checksums",
                                                                default=False)
@@ -69,18 +84,45 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return _DIGESTS[key]
 
 
-def write_manifest(directory: str | os.PathLike[str]) -> Path:
+def write_manifest(directory: str | os.PathLike[str],
+                   names: Iterable[str] | None = None) -> Path:
     """Record the SHA-256 of every file under `directory` (but the manifest itself and
-    temporaries) in ``directory/checksums.json``. Call it after the last file is written."""
+    temporaries) in ``directory/checksums.json``, or of just the files `names` (relative
+    paths; a name that is not a regular file is left out). Call it after the last file is
+    written: a file written afterwards is not listed, and a listed one changed afterwards is
+    taken for damage."""
     directory = Path(directory)
+    if names is None:
+        found = (p.relative_to(directory) for p in directory.rglob("*"))
+    else:
+        found = (PurePosixPath(name) for name in names)
     files = {}
-    for path in sorted(directory.rglob("*")):
-        relative = path.relative_to(directory)
+    for relative in sorted(found, key=lambda r: r.as_posix()):
+        path = directory / relative
         if (path.is_file() and not path.is_symlink() and relative.as_posix() != MANIFEST
                 and not any(is_leftover(part) for part in relative.parts)):
             files[relative.as_posix()] = file_sha256(path)
     return atomic_write_json(directory / MANIFEST, {"format": FORMAT, "algorithm": "sha256",
                                                     "files": files})
+
+
+def model_files(directory: str | os.PathLike[str]) -> list[str]:
+    """The model and tokenizer files at the top of `directory`: `MODEL_FILES` and weight
+    shards, whichever are there."""
+    directory = Path(directory)
+    return sorted(entry.name for entry in directory.iterdir()
+                  if (entry.name in MODEL_FILES or _SHARD.match(entry.name))
+                  and entry.is_file() and not entry.is_symlink())
+
+
+def write_model_manifest(directory: str | os.PathLike[str]) -> Path:
+    """The manifest of a model directory written by a ``save_pretrained`` (transformers' save
+    path of the `folnet.hf` classes): its model and tokenizer files (`model_files`), those
+    written before it (a tokenizer saved first) included, and nothing else in the folder (a
+    Trainer's ``checkpoint-N/``, logs, a user's notes). Call it after the weights and config
+    are written; ``from_pretrained`` then checks those files instead of warning that the
+    directory has no manifest."""
+    return write_manifest(directory, model_files(directory))
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, str] | None:
@@ -145,12 +187,12 @@ def _strict() -> bool:
 
 
 def verify_model_dir(directory: str | os.PathLike[str]) -> None:
-    """Check a model directory's config, weights and tokenizer files (`MODEL_FILES`) against
-    its manifest. Without a manifest: one warning line per directory and process, or a
-    `FolnetError` under `strict_checksums`."""
+    """Check every file a model directory's manifest lists (config, weights, tokenizer files,
+    whatever its writer recorded). Without a manifest: one warning line per directory and
+    process, or a `FolnetError` under `strict_checksums`."""
     directory = Path(directory)
     if read_manifest(directory) is not None:
-        verify_files(directory, MODEL_FILES)
+        verify_files(directory)
         return
     if _strict():
         raise FolnetError(f"{str(directory)!r} has no {MANIFEST}, so its files cannot be "

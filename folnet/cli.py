@@ -148,11 +148,22 @@ def _convert_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_run(args: argparse.Namespace) -> int:
+    """Why the output folder is checked first and its writes wrapped: a file in its place, a
+    missing or read-only parent would otherwise surface as an OSError traceback, after the
+    conversion was done for nothing."""
+    from pathlib import Path
+
     from folnet.arch.io.model_dir import save_pretrained
     from folnet.arch.io.official import load_official
+    from folnet.atomic_write import writing
 
+    outdir = Path(args.outdir)
+    if outdir.exists() and not outdir.is_dir():
+        raise FolnetError(f"outdir {str(outdir)!r} exists and is not a directory: name a new "
+                          f"or existing directory for config.json and model.safetensors")
     model = load_official(args.prefix)
-    save_pretrained(model, args.outdir)
+    with writing(outdir):
+        save_pretrained(model, outdir)
     print(f"converted {args.prefix} ({model.plan}, head {model.head}) -> {args.outdir}")
     return 0
 

@@ -27,7 +27,7 @@ from transformers.utils import ModelOutput
 
 from folnet.arch import model_from_config
 from folnet.arch.models.base import initialise
-from folnet.checksums import verify_model_dir
+from folnet.checksums import verify_model_dir, write_model_manifest
 from folnet.errors import FolnetError
 from folnet.hf.config import FolnetConfig
 
@@ -89,6 +89,16 @@ class FolnetPreTrainedModel(PreTrainedModel):
             for tensor in (*model.parameters(), *model.buffers()):
                 tensor.data = tensor.data.clone()
         return loaded
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str], *args: Any,
+                        is_main_process: bool = True, **kwargs: Any) -> None:
+        """transformers' saving, then the directory's ``checksums.json`` over its model and
+        tokenizer files (`folnet.checksums.write_model_manifest`), so that loading it checks
+        them instead of warning that folnet's own fresh directory has no manifest."""
+        super().save_pretrained(save_directory, *args, is_main_process=is_main_process,
+                                **kwargs)
+        if is_main_process:
+            write_model_manifest(save_directory)
 
     def train(self, mode: bool = True) -> FolnetPreTrainedModel:
         super().train(mode)

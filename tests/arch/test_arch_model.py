@@ -233,6 +233,9 @@ def test_corrupt_checkpoints_are_errors(tmp_path):
     model.save_pretrained(tmp_path / "c")
     weights = tmp_path / "c" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(folnet.FolnetError, match=r"model\.safetensors.*checksums\.json"):
+        folnet.from_pretrained(tmp_path / "c")  # the manifest sees it first
+    (tmp_path / "c" / "checksums.json").unlink()  # without one, the reader still refuses it
     with pytest.raises(folnet.FolnetError, match="corrupt or truncated weights"):
         folnet.from_pretrained(tmp_path / "c")
     with pytest.raises(folnet.FolnetError, match=r"checkpoint '.*missing' does not exist"):

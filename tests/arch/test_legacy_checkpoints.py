@@ -102,3 +102,24 @@ def test_encoder_decoder_outputs_match_the_stored_ones():
     gen = model.generate(ids, max_new_tokens=5, return_logits=True)
     assert torch.equal(gen.sequences[:, :1], ref["generated"][:, :1])  # the start token
     assert_tokens_lead(gen.logits, ref["generated"][:, 1:], "generated")
+
+
+@pytest.mark.parametrize("name", [*ENCODERS, "decoder", "decoder-ape", "encoder-decoder"])
+def test_old_weights_metadata_loads_through_the_hf_classes(name):
+    """These files say ``format: folnet`` in their safetensors header, as folnet wrote them
+    before it wrote transformers' ``pt`` (issue 36); they load through the `folnet.hf` class of
+    their kind and head with the weights the native loader reads."""
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    from safetensors import safe_open
+
+    import folnet.hf
+    from folnet.arch.io.model_dir import HF_CLASSES
+
+    with safe_open(str(LEGACY / name / "model.safetensors"), framework="pt") as handle:
+        assert handle.metadata() == {"format": "folnet"}
+    native, _ = _load(name)
+    cls = getattr(folnet.hf, HF_CLASSES[native.cfg.kind, native.head])
+    state = cls.from_pretrained(LEGACY / name).state_dict()
+    want = native.state_dict()
+    assert sorted(state) == sorted(want)
+    assert all(torch.equal(state[key], want[key]) for key in want)

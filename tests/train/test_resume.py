@@ -185,3 +185,75 @@ def test_a_crash_during_save_leaves_the_last_good_checkpoint(tmp_path, finished_
     ckpt.save_checkpoint(out, 9, write_model=model.save_pretrained, tokenizer=tokenizer,
                          trainer_state=state, keep_last=1)
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [9]
+
+
+# -- a checkpoint that lost its checksums.json (issue 36) -------------------------------------
+
+
+def flip_weight_byte(weights_file: Path) -> None:
+    """One byte of tensor data changed, the safetensors header left valid: only a checksum
+    can tell."""
+    data = bytearray(weights_file.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start + (len(data) - start) // 2] ^= 0x10
+    weights_file.write_bytes(bytes(data))
+
+
+def lose_manifest(checkpoint: Path, *, flip: bool = True) -> None:
+    """What a copy that left checksums.json out, then a failing disk, make of a checkpoint."""
+    (checkpoint / "checksums.json").unlink()
+    if flip:
+        flip_weight_byte(checkpoint / "model.safetensors")
+
+
+def test_a_checkpoint_without_its_manifest_is_skipped_for_the_newest_intact_one(
+        tmp_path, finished_run, kin_tokenizer, capsys):
+    out = copy_run(finished_run, tmp_path / "run")
+    damaged = out / "checkpoints" / "step_6"
+    lose_manifest(damaged)
+    capsys.readouterr()
+    assert main(run_args(out, kin_tokenizer, 6, "--resume")) == 0
+    captured = capsys.readouterr()
+    said = [line for line in captured.out.splitlines() if "step_6" in line and "skipped" in line]
+    assert len(said) == 1, captured.out
+    assert f"{damaged / 'checksums.json'}: missing" in said[0] and "trainer.pt" in said[0]
+    assert "resuming from step_3, the newest intact checkpoint" in captured.out
+    assert "UNCHECKED" not in captured.err  # the damaged checkpoint was never loaded
+    # Resumed from step_3, the run ends where the uninterrupted one did, bit for bit.
+    a, b = weights(finished_run / "final"), weights(out / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_intact_checkpoint_and_a_named_one_without_manifest_are_one_line(
+        tmp_path, finished_run, kin_tokenizer, capsys):
+    out = copy_run(finished_run, tmp_path / "run")
+    named = out / "checkpoints" / "step_6"
+    lose_manifest(named)
+    err = resume_error(out, kin_tokenizer, capsys, str(named))  # named: never replaced
+    assert len(err.strip().splitlines()) == 1
+    assert f"{named / 'checksums.json'}: missing" in err
+    lose_manifest(out / "checkpoints" / "step_3", flip=False)
+    err = resume_error(out, kin_tokenizer, capsys)
+    assert len(err.strip().splitlines()) == 1
+    assert "no intact checkpoint" in err and "step_3" in err and "step_6" in err
+    assert err.count("checksums.json: missing") == 2
+
+
+def test_a_checkpoint_from_before_checksums_still_resumes(tmp_path, finished_run, kin_tokenizer,
+                                                         capsys):
+    """A checkpoint whose trainer state does not say a manifest was written (folnet wrote none
+    then) resumes as it always did, with the one no-manifest warning: a promise."""
+    out = copy_run(finished_run, tmp_path / "run")
+    for _step, path in ckpt.list_checkpoints(out):
+        state = ckpt.load_trainer_state(path)
+        assert state.pop(ckpt.MANIFEST_KEY) == "checksums.json"
+        torch.save(state, path / ckpt.TRAINER_FILE)
+        lose_manifest(path, flip=False)
+        ckpt.check_intact(path)
+    capsys.readouterr()
+    assert main(run_args(out, kin_tokenizer, 9, "--resume")) == 0
+    captured = capsys.readouterr()
+    assert f"resumed from {out / 'checkpoints' / 'step_6'} (step 6)" in captured.out
+    warnings = [line for line in captured.err.splitlines() if "has no checksums.json" in line]
+    assert len(warnings) == 1 and "step_6" in warnings[0], captured.err
+    assert [s for s, _ in ckpt.list_checkpoints(out)] == [6, 9]

@@ -15,13 +15,18 @@ from typing import Any
 from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels
 from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
 from folnet.atomic_write import atomic_write, atomic_write_json
-from folnet.checksums import verify_model_dir
+from folnet.checksums import verify_model_dir, write_model_manifest
 from folnet.errors import FolnetError
 from folnet.ops.registry import get_operator, register_operator
 from folnet.ops.spec import parse_spec
 from folnet.read_files import read_json
 
 FORMAT = "folnet"
+#: The header metadata of model.safetensors. ``"pt"``, as transformers writes it, because
+#: transformers' and accelerate's loaders (``load_checkpoint_and_dispatch``) refuse any other
+#: value; folnet reads no metadata (what the model is, config.json says), so the files written
+#: with ``{"format": "folnet"}`` before still load here and in the `folnet.hf` classes.
+WEIGHTS_METADATA = {"format": "pt"}
 VERSION = 2  # 2: config.json also says model_type and architectures (transformers reads it)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -63,8 +68,9 @@ def save_pretrained(model: Any, directory: str | Path,
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     atomic_write(directory / "model.safetensors",
-                 lambda p: save_file(state, str(p), metadata={"format": FORMAT}))
+                 lambda p: save_file(state, str(p), metadata=WEIGHTS_METADATA))
     atomic_write_json(directory / "config.json", {**model_metadata(model), **(extra or {})})
+    write_model_manifest(directory)  # loading checks these files instead of warning
     return directory
 
 

@@ -8,7 +8,9 @@ shape mismatches are errors that name the keys.
 
 from __future__ import annotations
 
+import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -272,23 +274,59 @@ def _released_state(model: FolnetModel, src: _Source, head: str | None,
 
 def _load_weights(weights: Path) -> Any:
     """``torch.load(weights_only=True)`` of a released ``.pt``; a file that is not a tensor
-    pickle (an arbitrary object, a dict of other things, random bytes) is one line naming it
-    and what is expected. Why reworded: torch's refusal is a paragraph that advises loading
-    with ``weights_only=False``, which would run whatever code the pickle holds; only the
-    reason is kept. Torch's warning about the pickle protocol of such a file is silenced."""
+    pickle (an arbitrary object, a dict of other things, random bytes, a truncated download, a
+    zip of something else) is one line naming it and what is expected. Why reworded: torch's
+    refusal is a paragraph that advises loading with ``weights_only=False``, which would run
+    whatever code the pickle holds, and a damaged archive is a message from its C++ reader;
+    only the reason is kept. Torch's warning about the pickle protocol of such a file is
+    silenced."""
+    reason = _container_fault(weights)
+    if reason is None:
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                return torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            # a KeyError or EOFError from the unpickler says nothing a user can act on
+            text = "" if isinstance(exc, (KeyError, IndexError, EOFError)) else str(exc)
+            text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # torch colours its advice
+            text = " ".join(text.split("WeightsUnpickler error:", 1)[-1].split())
+            text = text.split(" Check the documentation of torch.load")[0]  # a pointer to docs
+            reason = text.split(". ")[0].rstrip(".")[:200] or "not a file torch.save writes"
+    raise FolnetError(f"{weights}: not a state dict that convert can read ({reason}); "
+                      f"expected a torch.save of a dict of parameter names to tensors, read "
+                      f"without running pickled code (weights_only=True)") from None
+
+
+def _container_fault(weights: Path) -> str | None:
+    """What is wrong with `weights` as a file torch.save writes (a zip archive holding
+    ``NAME/data.pkl``), found before torch reads it; None when it looks like one, or like
+    the older plain pickle format, which torch then reads (and refuses) itself."""
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        # a KeyError or EOFError from the unpickler says nothing a user can act on
-        text = "" if isinstance(exc, (KeyError, IndexError, EOFError)) else str(exc)
-        text = " ".join(text.split("WeightsUnpickler error:", 1)[-1].split())
-        text = text.split(" Check the documentation of torch.load")[0]  # a pointer to docs
-        reason = text.split(". ")[0].rstrip(".")[:200] or "not a file torch.save writes"
-        raise FolnetError(f"{weights}: not a state dict that convert can read ({reason}); "
-                          f"expected a torch.save of a dict of parameter names to tensors, "
-                          f"read without running pickled code (weights_only=True)") from None
+        with open(weights, "rb") as handle:
+            head = handle.read(4)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if not head:
+        return "an empty file"
+    if head != b"PK\x03\x04":  # not a zip: a plain pickle, or bytes torch refuses itself
+        return None
+    if not zipfile.is_zipfile(weights):
+        return ("a truncated zip archive: its end, the directory of its members, is missing; "
+                "an incomplete download or copy?")
+    try:
+        with zipfile.ZipFile(weights) as archive:
+            names = archive.namelist()
+            if not any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
+                shown = ", ".join(repr(n) for n in names[:4]) + (" ..." if len(names) > 4 else "")
+                return (f"a zip archive that torch.save did not write: no NAME/data.pkl among "
+                        f"its {len(names)} member(s) {shown}")
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        return f"a corrupt zip archive: {exc}"
+    if bad is not None:
+        return f"a corrupt zip archive: member {bad!r} fails its CRC check"
+    return None
 
 
 def load_official(prefix: str | Path, *, head: str | None = "auto",
@@ -305,16 +343,19 @@ def load_official(prefix: str | Path, *, head: str | None = "auto",
     cfg = cfg.replace(backend=backend)
     weights = Path(prefix + ".pt")
     if not weights.is_file():
-        raise FolnetError(f"released weights {str(weights)!r} do not exist")
+        fault = "are not a file" if weights.exists() else "do not exist"
+        raise FolnetError(f"released weights {str(weights)!r} {fault}")
     sd = _load_weights(weights)
     if isinstance(sd, dict) and "model" in sd and isinstance(sd["model"], dict):
         sd = sd["model"]
     if not isinstance(sd, dict):
         raise FolnetError(f"{weights}: expected a state dict, got {type(sd).__name__}")
-    odd = [k for k, v in sd.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    odd = [f"{k!r} ({type(v).__name__})" for k, v in sd.items()
+           if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if odd:
-        raise FolnetError(f"{weights}: expected a state dict of named tensors; entries "
-                          f"{odd[:8]} are not")
+        raise FolnetError(f"{weights}: expected a state dict of parameter names to tensors; "
+                          f"entries {', '.join(odd[:8])}{' ...' if len(odd) > 8 else ''} are "
+                          f"not named tensors")
     src = _Source(sd, str(weights))
     rows = src.sd.get("folnet.encoder.word_embd.weight")
     if rows is not None and rows.shape[0] != cfg.padded_vocab:

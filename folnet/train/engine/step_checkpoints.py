@@ -8,7 +8,8 @@ Layout of one checkpoint, ``OUT/checkpoints/step_N/``::
     vocab.txt
     trainer.pt          optimizer, scheduler, GradScaler, RNG states (python, numpy, torch,
                         CUDA, per rank), the MLM collator's generator, the data position
-                        (epoch, micro-batch in epoch) and counters
+                        (epoch, micro-batch in epoch), counters, and that a manifest was
+                        written
     checksums.json      the SHA-256 of every other file (`folnet.checksums`), written last
 
 Why a directory rename: every file is written into ``checkpoints/.tmp-step_N-*``, fsynced, and
@@ -23,6 +24,13 @@ afterwards (a failing disk, a bad copy, a user's stray edit), and the checksums 
 run then resumes from the newest checkpoint that is intact, says which ones it skipped and
 why, and leaves them on disk for the user to inspect. A checkpoint named explicitly
 (``--resume DIR``) never falls back: the user asked for that one.
+
+Why a missing ``checksums.json`` can be damage: folnet writes one with every checkpoint, so a
+checkpoint without it lost it (a copy that left it out, a stray delete), and its files can no
+longer be checked -- a flipped weight byte would resume silently. Its ``trainer.pt`` says a
+manifest was written (``"manifest": "checksums.json"``, `MANIFEST_KEY`), and such a checkpoint
+counts as damaged. One without that entry was written before checksums existed and gets the
+checks its formats allow, as before (checkpoints are a promise).
 """
 
 from __future__ import annotations
@@ -49,10 +57,11 @@ from folnet.atomic_write import (
     warn,
     writing,
 )
-from folnet.checksums import read_manifest, verify_files, write_manifest
+from folnet.checksums import MANIFEST, read_manifest, verify_files, write_manifest
 from folnet.errors import FolnetError
 
 __all__ = [
+    "MANIFEST_KEY",
     "TRAINER_FILE",
     "Saveable",
     "capture_rng",
@@ -73,6 +82,8 @@ __all__ = [
 TRAINER_FILE = "trainer.pt"
 TRAINER_FORMAT = "folnet-trainer"
 TRAINER_VERSION = 1
+#: The trainer state's entry saying that ``checksums.json`` was written with the checkpoint.
+MANIFEST_KEY = "manifest"
 
 
 def checkpoint_dir(out: str | os.PathLike[str]) -> Path:
@@ -124,6 +135,7 @@ def resolve_resume(out: str | os.PathLike[str], resume: str | None
 def check_intact(checkpoint: Path) -> None:
     """Raise a `FolnetError` naming the damaged file unless `checkpoint` is whole: its config
     is ours, its files are there, and every file matches ``checksums.json``. A checkpoint
+    whose trainer state says a manifest was written with it and that has none is damaged. One
     written before checksums existed gets the checks its formats allow (the trainer state's
     zip CRCs, the weights' header and length)."""
     checkpoint = Path(checkpoint)
@@ -136,6 +148,21 @@ def check_intact(checkpoint: Path) -> None:
         verify_files(checkpoint)
         return
     _check_legacy_files(checkpoint)
+    if _manifest_was_written(checkpoint / TRAINER_FILE):
+        raise FolnetError(f"{checkpoint / MANIFEST}: missing, though folnet wrote it with this "
+                          f"checkpoint ({TRAINER_FILE} says so): deleted or not copied, so "
+                          f"the checkpoint's files cannot be checked")
+
+
+def _manifest_was_written(trainer: Path) -> bool:
+    """Whether `trainer` (a ``trainer.pt`` whose zip CRCs passed) records that checksums.json
+    was written beside it. Read without running pickled code and with its tensors mapped, not
+    read. A file that does not load says nothing here: `load_trainer_state` names it."""
+    try:
+        state = torch.load(trainer, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a refused pickle, a foreign file: the same faults load_trainer_state has
+        return False
+    return isinstance(state, dict) and state.get(MANIFEST_KEY) == MANIFEST
 
 
 def _check_legacy_files(checkpoint: Path) -> None:
@@ -225,7 +252,8 @@ def save_checkpoint(out: str | os.PathLike[str], step: int, *,
     def write(directory: Path) -> None:
         write_model(directory)
         tokenizer.save(directory)
-        payload = {"format": TRAINER_FORMAT, "version": TRAINER_VERSION, **trainer_state}
+        payload = {"format": TRAINER_FORMAT, "version": TRAINER_VERSION, **trainer_state,
+                   MANIFEST_KEY: MANIFEST}  # a checkpoint without it is then known damaged
         # through a Python file: a full disk is then an OSError (torch's own writer reports
         # it as a bare RuntimeError), which becomes a one-line error naming the file
         with writing(directory / TRAINER_FILE), open(directory / TRAINER_FILE, "wb") as handle:
