@@ -24,7 +24,7 @@ _EXPORTS = {
     "FolnetModel": "folnet.arch", "FolnetOutput": "folnet.arch", "ModelConfig": "folnet.arch",
     "build_model": "folnet.arch", "from_pretrained": "folnet.arch",
     "load_official": "folnet.arch", "save_pretrained": "folnet.arch",
-    "set_memory": "folnet.arch",
+    "set_memory": "folnet.arch", "quantize_dynamic": "folnet.arch.quantize",
     "OperatorSpec": "folnet.ops", "compile_operator": "folnet.ops",
     "get_operator": "folnet.ops", "operators": "folnet.ops",
     "register_operator": "folnet.ops", "unregister_operator": "folnet.ops",
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports th
         save_pretrained,
         set_memory,
     )
+    from folnet.arch.quantize import quantize_dynamic
     from folnet.ops import (
         OperatorSpec,
         compile_operator,
@@ -66,6 +67,7 @@ __all__ = [
     "get_operator",
     "load_official",
     "operators",
+    "quantize_dynamic",
     "register_operator",
     "save_pretrained",
     "set_memory",

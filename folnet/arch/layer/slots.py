@@ -17,6 +17,7 @@ from torch import nn
 
 from folnet.arch.config import ModelConfig
 from folnet.arch.plan import LayerPlan
+from folnet.errors import FolnetError
 from folnet.ops.sizes import channel_sizes, evaluate
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
 
@@ -93,7 +94,46 @@ def build_slots(plan: LayerPlan, cfg: ModelConfig
     return slots, segments, out_offsets
 
 
-class FusedProjection(nn.Linear):
+class _QuantizationGuard:
+    """Refuses to run float after a torch.ao.quantization pass went over the module.
+
+    Why: torch's eager quantization (``quantize_dynamic``, ``convert``) looks a module's type up
+    exactly, in its ``qconfig_spec`` and in its float-to-quantized mapping, so it leaves these
+    `nn.Linear` subclasses float even when told to quantize ``nn.Linear`` -- silently, while the
+    plain Linears around them become int8. Such a pass sets, then deletes, a ``qconfig`` on
+    every module it visits; the deletion (the end of a ``convert``) is recorded here, and every
+    read of the module (`folnet.arch.adapters`, its own forward) then fails, naming
+    `folnet.arch.quantize.quantize_dynamic`, which takes the same arguments and covers these
+    projections too (and clears the record where it leaves one float on purpose)."""
+
+    @property
+    def qconfig(self):
+        try:
+            return self.__dict__["_qconfig"]
+        except KeyError:
+            raise AttributeError("qconfig") from None  # getattr(m, "qconfig", d) gives d
+
+    @qconfig.setter
+    def qconfig(self, value) -> None:
+        self.__dict__["_qconfig"] = value
+
+    @qconfig.deleter
+    def qconfig(self) -> None:
+        self.__dict__.pop("_qconfig", None)
+        self.__dict__["left_float"] = True
+
+    def check_quantization(self) -> None:
+        """Raise if a torch quantization pass left this projection float (see the class)."""
+        if self.__dict__.get("left_float"):
+            raise FolnetError(
+                f"{type(self).__name__} ({self.extra_repr()}) is float32 after "
+                f"torch.ao.quantization converted this model: torch matches module types "
+                f"exactly, so it cannot reach folnet's fused operator projections; quantize "
+                f"with folnet.quantize_dynamic(model, ...) instead (same arguments), which "
+                f"covers them")
+
+
+class FusedProjection(_QuantizationGuard, nn.Linear):
     """One Linear producing every segment a stream feeds; biases only where segments have one
     (``bias`` holds the biased segments' channels, in order). An `nn.Linear` (weight
     ``(width, d_in)``), so that tools that adapt Linears -- PEFT's LoRA -- take it; the layer
@@ -135,10 +175,11 @@ class FusedProjection(nn.Linear):
         return torch.cat(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_quantization()
         return F.linear(x, self.weight, self.full())
 
 
-class FusedOutput(nn.Linear):
+class FusedOutput(_QuantizationGuard, nn.Linear):
     """One Linear over the concatenated operator outputs, one bias per operator (summed), as the
     released per-operator output Linears are. ``outputs`` names each operator's output
     channels, in order: ``(("j", 64), ("m", 64), ...)``."""
@@ -159,4 +200,5 @@ class FusedOutput(nn.Linear):
         return self.bias.sum(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_quantization()
         return F.linear(x, self.weight, self.bias.sum(0))

@@ -1,5 +1,6 @@
 """Fast CPU kernels for the binary stream's hot path (dropout, the tall-and-thin products, the
-binary FFN), each with a plain-torch fallback on other devices and under torch.compile."""
+binary FFN), each with a plain-torch fallback on other devices and under torch.compile; their
+autograd Functions compose with torch.func (`folnet.ops.kernels.functorch`)."""
 
 from folnet.ops.kernels.dropout import dropout, dropout_add, keep_mask
 from folnet.ops.kernels.ffn import binary_ffn

@@ -8,24 +8,49 @@ backward pass. The draw uses torch's default generator, so seeding and RNG-state
 cover it. Every device draws this way: the row-blocked path draws its masks with `keep_mask`
 (one per block, then handed in), so the whole square must draw the same masks for the memory
 mode never to change the function computed -- on CUDA it once used ``F.dropout`` and did not.
+
+Under torch.func.vmap a mask drawn this way is one for the whole batch: torch's
+``randomness="same"``, which is therefore the one mode allowed there (the others are refused,
+naming what to do); the autograd Functions below compose with torch.func's transforms.
 """
 
 from __future__ import annotations
 
 import torch
 
+from folnet.errors import FolnetError
+from folnet.ops.kernels.functorch import transformed, vmap_randomness
+from folnet.tracing import traced
+
 _LANES = 4  # 15-bit lanes per 64-bit random word
 _LEVELS = 1 << 15
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Tensor:
-    """A bool tensor of ``shape`` that is True with probability ``1 - p`` (quantised to 2^-15)."""
+    """A bool tensor of ``shape`` that is True with probability ``1 - p`` (quantised to 2^-15).
+    Under torch.func.vmap only with ``randomness="same"`` (`_check_vmap`)."""
+    if transformed():
+        _check_vmap(p)
+    if traced():  # torch.compile cannot trace random_ on integers: a graph break per draw
+        return torch.rand(shape, device=device) >= p
     n = 1
     for s in shape:
         n *= s
     words = torch.empty(-(-n // _LANES), dtype=torch.int64, device=device).random_()
     lanes = words.view(torch.int16)[:n].bitwise_and(_LEVELS - 1)  # 15 random bits each
     return (lanes >= round(p * _LEVELS)).view(shape)
+
+
+def _check_vmap(p: float) -> None:
+    """Refuse a draw under a vmap that asks for other than one mask for the batch: with
+    ``randomness="different"`` each sample would need its own draw, which a mask drawn from a
+    shape (the row blocks' masks are) cannot be, and ``"error"`` forbids any draw."""
+    modes = [m for m in vmap_randomness() if m != "same"]
+    if modes:
+        raise FolnetError(f"dropout (p={p}) under torch.func.vmap(randomness={modes[0]!r}): folnet "
+                          f"draws one dropout mask per call, shared by the batch; call "
+                          f"model.eval() (or build with dropout=0) for per-sample gradients, or "
+                          f"pass randomness='same' to share one mask")
 
 
 def masked_scale(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -35,32 +60,45 @@ def masked_scale(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Ten
 
 
 class _MaskedScale(torch.autograd.Function):
-    """``x * mask * scale`` saving only the bool mask."""
+    """``x * mask * scale`` saving only the bool mask. Its forward and backward are torch ops
+    that vmap batches, so torch.func generates the vmap rule."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x, mask, scale):
-        ctx.save_for_backward(mask)
-        ctx.scale = scale
+    def forward(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
         return masked_scale(x, mask, scale)
 
     @staticmethod
-    def backward(ctx, grad):
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        _, mask, ctx.scale = inputs
+        ctx.save_for_backward(mask)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (mask,) = ctx.saved_tensors
         return masked_scale(grad, mask, ctx.scale), None, None
 
 
 class _DropoutAdd(torch.autograd.Function):
-    """``residual + dropout(x)`` in one pass, saving only the bool mask."""
+    """``residual + dropout(x)`` in one pass, saving only the bool mask (torch.func generates
+    the vmap rule, as for `_MaskedScale`)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, residual, x, mask, scale):
-        ctx.save_for_backward(mask)
-        ctx.scale = scale
-        ctx.x_dtype = x.dtype
+    def forward(residual: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, scale: float
+                ) -> torch.Tensor:
         return torch.addcmul(residual, x, mask, value=scale)
 
     @staticmethod
-    def backward(ctx, grad):
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        _, x, mask, ctx.scale = inputs
+        ctx.x_dtype = x.dtype
+        ctx.save_for_backward(mask)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
         (mask,) = ctx.saved_tensors
         # in the update's dtype (bf16 under autocast) straight away, not via a float copy
         return grad, masked_scale(grad, mask, ctx.scale).to(ctx.x_dtype), None, None

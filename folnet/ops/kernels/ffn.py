@@ -15,6 +15,10 @@ What is kept for the backward pass:
   which the weight gradients are summed (float32: ~1e-7 relative).
 With a keep mask the output is ``out * keep * scale`` (the residual's dropout, applied block by
 block), so that the gradient it receives is the residual's own, not a second full-size tensor.
+
+Under a torch.func transform (``grad``, ``vmap``, ``jacrev``) the same blocks run, but what
+eager mode writes in place (the output's rows, the gradients summed over blocks) is built out
+of place: under vmap an unbatched buffer cannot take a batched value in place.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from folnet.errors import FolnetError
 from folnet.ops.kernels.autocast import autocast_dtype, cast
 from folnet.ops.kernels.dropout import masked_scale
+from folnet.ops.kernels.functorch import transformed
 from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
 
 __all__ = ["binary_ffn"]
@@ -54,72 +59,98 @@ def _both(own: torch.Tensor, across: torch.Tensor) -> torch.Tensor:
     return torch.cat([own, across], -1).view(-1, 2 * own.shape[-1])
 
 
-def _forward(own: torch.Tensor, across: torch.Tensor, w: _Weights
+def _summed(total: _Weights | None, more: _Weights, inplace: bool) -> _Weights:
+    """Gradients of the weights summed over blocks: into ``total`` in place, or (under a
+    torch.func transform) as new tensors."""
+    if total is None:
+        return more
+    return _Weights(*(None if t is None else t.add_(m) if inplace else t + m
+                      for t, m in zip(total, more, strict=True)))
+
+
+def _forward(own: torch.Tensor, across: torch.Tensor, w: _Weights, inplace: bool = True
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's output (P, D2) and pre-activation h (P, F2)."""
-    both = _both(own, across)
-    h = mm_linear(both, w.w_in, w.b_in)
-    out = mm_linear(F.gelu(h), w.w_out, w.b_out)
-    return out.addmm_(both[:, own.shape[-1]:], w.w_skip.t()).add_(w.b_skip), h
+    both = _both(own, across)  # (P, 2 D2)
+    h = mm_linear(both, w.w_in, w.b_in)  # (P, F2)
+    out = mm_linear(F.gelu(h), w.w_out, w.b_out)  # (P, D2)
+    skip = both[:, own.shape[-1]:]  # n(y, x)
+    if inplace:
+        return out.addmm_(skip, w.w_skip.t()).add_(w.b_skip), h
+    return out.addmm(skip, w.w_skip.t()) + w.b_skip, h
 
 
 def _backward(own: torch.Tensor, across: torch.Tensor, h: torch.Tensor | None,
-              g: torch.Tensor, w: _Weights, w_t: tuple[torch.Tensor, torch.Tensor],
-              grads: _Weights) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block's backward from its upstream gradient ``g`` (P, D2): adds the weights'
-    gradients to ``grads`` in place, returns those of ``own`` and ``across`` (their shape).
-    ``h`` is the saved pre-activation, or None to recompute it; ``w_t`` the output and hidden
-    weights transposed, made once for every block."""
+              g: torch.Tensor, w: _Weights, w_t: tuple[torch.Tensor, torch.Tensor]
+              ) -> tuple[_Weights, torch.Tensor, torch.Tensor]:
+    """One block's backward from its upstream gradient ``g`` (P, D2): the weights' gradients
+    (the skip bias's left None: it is the output bias's), those of ``own`` and ``across``
+    (their shape). ``h`` is the saved pre-activation, or None to recompute it; ``w_t`` the
+    output and hidden weights transposed, made once for every block."""
     w_out_t, w_in_t = w_t
     d2 = own.shape[-1]
     both = _both(own, across)  # (P, 2 D2)
     if h is None:
         h = mm_linear(both, w.w_in, w.b_in)  # (P, F2)
-    grads.w_out.add_(wgrad(g, F.gelu(h)))
-    grads.b_out.add_(g.sum(0))
-    grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w_out_t, None), h)
+    g_w_out, g_b_out = wgrad(g, F.gelu(h)), g.sum(0)
+    grad_h = torch.ops.aten.gelu_backward(mm_linear(g, w_out_t, None), h)  # (P, F2)
     del h
-    grads.w_in.add_(wgrad(grad_h, both))
-    grads.b_in.add_(grad_h.sum(0))
+    g_w_in, g_b_in = wgrad(grad_h, both), grad_h.sum(0)
     grad_both = mm_linear(grad_h, w_in_t, None)  # (P, 2 D2)
     del grad_h
-    grads.w_skip.add_(wgrad(g, both[:, d2:].contiguous()))
+    grads = _Weights(g_w_in, g_b_in, g_w_out, g_b_out, wgrad(g, both[:, d2:].contiguous()), None)
     # d/d n(y, x) for the block's x: the hidden layer's second half and the skip Linear
-    return (grad_both[:, :d2].view(own.shape),
+    return (grads, grad_both[:, :d2].view(own.shape),
             grad_both[:, d2:].addmm(g, w.w_skip).view(own.shape))
 
 
 class _BinaryFFN(torch.autograd.Function):
     """The stage over the square, whole (``rows`` None: the pre-activation saved) or in blocks
-    of ``rows`` query rows (every block recomputed)."""
+    of ``rows`` query rows (every block recomputed). The forward returns the saved
+    pre-activation as a second, non-differentiable output (None in blocks): torch.func wants
+    what a backward reads to be an input or an output. Plain torch ops throughout under a
+    transform, so torch.func generates the vmap rule."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep, scale):
+    def forward(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
+                b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
+                rows: int | None, keep: torch.Tensor | None, scale: float
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = _Weights(w_in, b_in, w_out, b_out, w_skip, b_skip)
+        inplace = not transformed()
         T = n.shape[1]
         if rows is None:  # whole
-            out, h = _forward(n, n.transpose(1, 2), w)
-            out = out.view_as(n)
-            if keep is not None:
-                out = masked_scale(out, keep, scale)
-        else:
-            out, h = torch.empty_like(n), None  # (B, T, T, D2)
-            for r0 in range(0, T, rows):
-                r1 = min(T, r0 + rows)
-                own, across = _slabs(n, r0, r1)  # (B, R, T, D2) each
-                piece = _forward(own, across, w)[0].view(own.shape)
-                out[:, r0:r1] = piece if keep is None else masked_scale(
-                    piece, keep[:, r0:r1], scale)
-        ctx.save_for_backward(n, h, w_in, b_in, w_out, w_skip, keep)
-        ctx.rows, ctx.scale = rows, scale
-        return out
+            out, h = _forward(n, n.transpose(1, 2), w, inplace)
+            out = out.view_as(n)  # (B, T, T, D2)
+            return (out if keep is None else masked_scale(out, keep, scale)), h
+        pieces = []
+        out = torch.empty_like(n) if inplace else None  # (B, T, T, D2)
+        for r0 in range(0, T, rows):
+            r1 = min(T, r0 + rows)
+            own, across = _slabs(n, r0, r1)  # (B, R, T, D2) each
+            piece = _forward(own, across, w, inplace)[0].view(own.shape)
+            piece = piece if keep is None else masked_scale(piece, keep[:, r0:r1], scale)
+            if inplace:
+                out[:, r0:r1] = piece
+            else:
+                pieces.append(piece)
+        return (out if inplace else torch.cat(pieces, 1)), None
 
     @staticmethod
-    def backward(ctx, grad):
+    def setup_context(ctx, inputs: tuple, output: tuple) -> None:
+        n, w_in, b_in, w_out, _, w_skip, _, ctx.rows, keep, ctx.scale = inputs
+        h = output[1]
+        if h is not None:
+            ctx.mark_non_differentiable(h)
+        ctx.save_for_backward(n, h, w_in, b_in, w_out, w_skip, keep)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_h: None) -> tuple[torch.Tensor | None, ...]:
         n, h, w_in, b_in, w_out, w_skip, keep = ctx.saved_tensors
+        inplace = not transformed()
         w = _Weights(w_in, b_in, w_out, None, w_skip, None)
-        grads = _Weights(torch.zeros_like(w_in), torch.zeros_like(b_in), torch.zeros_like(w_out),
-                         torch.zeros_like(w_out[:, 0]), torch.zeros_like(w_skip), None)
         d2, T = n.shape[-1], n.shape[1]
         w_t = (w_out.t().contiguous(), w_in.t().contiguous())
 
@@ -129,18 +160,26 @@ class _BinaryFFN(torch.autograd.Function):
             return g.reshape(-1, d2)
 
         if h is not None:  # whole
-            grad_own, grad_across = _backward(n, n.transpose(1, 2), h, upstream(0, T), w, w_t,
-                                              grads)
+            grads, grad_own, grad_across = _backward(n, n.transpose(1, 2), h, upstream(0, T), w,
+                                                     w_t)
             grad_n = grad_own + grad_across.transpose(1, 2)
         else:
-            grad_n = torch.zeros_like(n)
+            grads, owns, acrosses = None, [], []
+            grad_n = torch.zeros_like(n) if inplace else None
             for r0 in range(0, T, ctx.rows):
                 r1 = min(T, r0 + ctx.rows)
                 own, across = _slabs(n, r0, r1)
-                grad_own, grad_across = _backward(own, across, None, upstream(r0, r1), w, w_t,
-                                                  grads)
-                grad_n[:, r0:r1] += grad_own
-                grad_n[:, :, r0:r1] += grad_across.transpose(1, 2)
+                got, grad_own, grad_across = _backward(own, across, None, upstream(r0, r1), w,
+                                                       w_t)
+                grads = _summed(grads, got, inplace)
+                if inplace:
+                    grad_n[:, r0:r1] += grad_own
+                    grad_n[:, :, r0:r1] += grad_across.transpose(1, 2)
+                else:  # (B, R, T, D2) each: rows of n's gradient, and of its transpose's
+                    owns.append(grad_own)
+                    acrosses.append(grad_across)
+            if not inplace:
+                grad_n = torch.cat(owns, 1) + torch.cat(acrosses, 1).transpose(1, 2)
         return (grad_n, grads.w_in, grads.b_in, grads.w_out, grads.b_out, grads.w_skip,
                 grads.b_out, None, None, None)
 
@@ -171,7 +210,8 @@ def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: t
                               nt=cast(dtype, nt)[0], rows=rows, keep=keep, p=p)
     if rows is not None or (nt is None and onednn_ok(n, w_in) and n.is_contiguous()):
         scale = 1.0 / (1.0 - p) if keep is not None else 1.0
-        return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep, scale)
+        return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep,
+                                scale)[0]
     if nt is None:
         nt = n.transpose(1, 2)
     hidden = F.gelu(F.linear(torch.cat([n, nt], dim=-1), w_in, b_in))  # (B, *tokens, F2)

@@ -9,6 +9,12 @@ Everything crosses the boundary by name: the caller hands ``inputs`` (a mapping)
 ``slabs`` read by rows (`Slab`: which input, which axis) and, optionally, a `Prologue` that
 makes the tensors every block reads whole; each block receives one `Block` holding them all by
 the same names.
+
+Under a torch.func transform (``grad``, ``vmap``, ``jacrev``) nothing is recomputed: the
+backward re-enters autograd on the layer's own parameters (``run`` reads them directly), which
+a transform cannot follow, so the blocks run as plain differentiable ops and their outputs are
+concatenated -- the same function, with every block's graph kept (the transform keeps them
+anyway).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
+
+from folnet.ops.kernels.functorch import transformed
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
 
@@ -76,6 +84,7 @@ class _Job:
     prologue: Prologue | None
     params: tuple[torch.Tensor, ...]
     outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
+    states: list[torch.Tensor] = field(default_factory=list)  # each span's RNG state, likewise
 
     def block(self, r0: int, r1: int, inputs: Tensors, made: Tensors = _EMPTY,
               sinks: Tensors | None = None, slabs: Tensors | None = None) -> Block:
@@ -85,13 +94,13 @@ class _Job:
                      for name, s in self.slabs.items()}
         return Block(r0, r1, inputs, slabs, made, sinks)
 
-    def made(self, inputs: Tensors) -> Tensors:
+    def made(self, inputs: Tensors, *, concat: bool = False) -> Tensors:
         """The prologue's tensors over all rows (no autograd: the caller is a forward pass or
-        wants values only)."""
+        wants values only; ``concat``: differentiable, under a torch.func transform)."""
         if self.prologue is None:
             return {}
         return _assemble(self.spans, lambda r0, r1: self.prologue.make(self.block(r0, r1, inputs)),
-                         self.prologue.dims)
+                         self.prologue.dims, concat=concat)
 
 
 class _RecomputedBlocks(torch.autograd.Function):
@@ -102,25 +111,33 @@ class _RecomputedBlocks(torch.autograd.Function):
     input's, so no block makes a full-size gradient of what it reads by rows -- and last the
     prologue's own backward, from the gradients its outputs gathered in the sinks over the
     blocks. Parameter gradients come back as this function's input gradients, once per
-    parameter, as a DistributedDataParallel hook expects."""
+    parameter, as a DistributedDataParallel hook expects. Not for torch.func transforms
+    (`recompute_blocks` does not call it under one: see the module's docstring)."""
 
     @staticmethod
-    def forward(ctx, job: _Job, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(job: _Job, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = dict(zip(job.names, tensors, strict=False))  # then the parameters
         device = tensors[0].device
-        ctx.job, ctx.autocast, ctx.states = job, _autocast_state(device), []
+        job.states.clear()
         made = job.made(inputs)
 
         def piece(r0: int, r1: int) -> Tensors:
-            ctx.states.append(_rng_state(device))
+            job.states.append(_rng_state(device))
             return job.run(job.block(r0, r1, inputs, made))
 
         outs = _assemble(job.spans, piece)
         job.outputs.clear()
         job.outputs.extend(outs)  # their names, in the order of the tensors returned
-        ctx.save_for_backward(*inputs.values())
-        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
         return tuple(outs.values())
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: tuple) -> None:
+        job: _Job = inputs[0]
+        tensors = inputs[1 : 1 + len(job.names)]
+        ctx.job, ctx.states = job, list(job.states)
+        ctx.autocast = _autocast_state(tensors[0].device)
+        ctx.save_for_backward(*tensors)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -234,11 +251,19 @@ def _leaves(job: _Job, saved: Tensors, wanted: set[Hashable], r0: int, r1: int,
     return job.block(r0, r1, inputs, made, sinks, slabs)
 
 
-def _assemble(spans: Sequence[tuple[int, int]], make: Callable, dims: Mapping | None = None
-              ) -> dict:
+def _assemble(spans: Sequence[tuple[int, int]], make: Callable, dims: Mapping | None = None,
+              *, concat: bool = False) -> dict:
     """``make(r0, r1)``'s tensors (by name) for every span, written into whole tensors along
     ``dims`` (default 1) as they come: no list of pieces then a concatenation, whose pieces
-    would sit on the heap between larger tensors."""
+    would sit on the heap between larger tensors. ``concat``: concatenated after all, which
+    autograd and torch.func follow (a write into an unbatched whole is no batched op)."""
+    if concat:
+        pieces: dict = {}
+        for r0, r1 in spans:
+            for key, t in make(r0, r1).items():
+                pieces.setdefault(key, []).append(t)
+        return {key: torch.cat(ts, 1 if dims is None else dims[key])
+                for key, ts in pieces.items()}
     total = spans[-1][1]
     outs: dict = {}
     for r0, r1 in spans:
@@ -295,9 +320,14 @@ def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int,
     """``run(block)`` for every span of rows, its outputs (by name, each with the rows on dim
     1) concatenated over the spans, recomputed span by span in the backward pass. ``run`` and
     the prologue may read ``params`` (the parameters they use) directly; every other tensor
-    they differentiate must come through ``inputs``. Under no autograd it is a plain loop."""
+    they differentiate must come through ``inputs``. Under no autograd it is a plain loop;
+    under a torch.func transform a plain differentiable one (nothing recomputed)."""
     job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params))
     tensors = dict(inputs)
+    if transformed():
+        made = job.made(tensors, concat=True)
+        return _assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors, made)),
+                         concat=True)
     if not torch.is_grad_enabled():
         made = job.made(tensors)
         return _assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors, made)))

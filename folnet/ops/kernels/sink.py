@@ -16,6 +16,7 @@ import torch
 
 from folnet.errors import FolnetError
 from folnet.ops.kernels.autocast import autocast_dtype, cast
+from folnet.ops.kernels.functorch import transformed
 
 __all__ = ["sink_einsum"]
 
@@ -62,17 +63,25 @@ def _accumulate(sink: torch.Tensor, want: str, a: torch.Tensor, a_letters: str,
 
 
 class _SinkEinsum(torch.autograd.Function):
-    """The einsum, keeping both operands; the backward adds into the sinks it was given."""
+    """The einsum, keeping both operands; the backward adds into the sinks it was given. Its
+    forward and backward are torch ops that vmap batches (torch.func generates the rule);
+    `sink_einsum` hands it no sinks under a transform."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, equation, left, right, left_sink, right_sink):
-        ctx.equation = equation
-        ctx.sinks = (left_sink, right_sink)
-        ctx.save_for_backward(left, right)
+    def forward(equation: str, left: torch.Tensor, right: torch.Tensor,
+                left_sink: torch.Tensor | None, right_sink: torch.Tensor | None) -> torch.Tensor:
         return torch.einsum(equation, left, right)
 
     @staticmethod
-    def backward(ctx, grad):
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.equation, left, right, *sinks = inputs
+        ctx.sinks = tuple(sinks)
+        ctx.save_for_backward(left, right)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         left, right = ctx.saved_tensors
         inputs, out = ctx.equation.split("->")
         lhs, rhs = inputs.split(",")
@@ -98,14 +107,17 @@ def sink_einsum(equation: str, left: torch.Tensor, right: torch.Tensor,
     operand, no ellipsis) where the gradient of an operand with a sink -- a tensor of its shape,
     laid out as its letters -- is added to that sink in place and not returned. Under
     autocast both operands are cast once to its dtype and multiplied in it. An equation that
-    sums a letter within one operand ignores the sinks (autograd returns the gradients)."""
+    sums a letter within one operand ignores the sinks (autograd returns the gradients), and
+    so does a call under a torch.func transform (a sink is written in place, which a batched
+    gradient cannot be into an unbatched sink; the recomputed blocks that pass sinks do not
+    run there)."""
     if "->" not in equation or "." in equation or equation.count(",") != 1:
         raise FolnetError(f"sink_einsum needs an explicit two-operand equation like "
                           f"'bxa,bay->bxy', got equation={equation!r}")
     inputs, out = equation.split("->")
     lhs, rhs = inputs.split(",")
     alone = (set(lhs) ^ set(rhs)) - set(out)  # letters summed within one operand
-    if all(s is None for s in sinks) or not torch.is_grad_enabled() or alone:
+    if all(s is None for s in sinks) or not torch.is_grad_enabled() or alone or transformed():
         return torch.einsum(equation, left, right)
     dtype = autocast_dtype(left.device, devices=("cpu", "cuda"))
     if dtype is not None:
