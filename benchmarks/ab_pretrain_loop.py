@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import other_checkout  # noqa: E402
 
 
 def _run(tree: Path, out: Path, args: list[str]) -> list[dict]:
@@ -48,7 +50,7 @@ def main() -> None:
                 "--kinship-documents", "300", "--vocab-size", "1000", "--seq-len", "128",
                 "--batch-size", "8", "--steps", str(args.steps), "--log-every", "1",
                 "--save-every", str(max(args.steps // 2, 1)), "--no-progress", "--seed", "1"]
-    sides = {"before": args.against.resolve(), "ours": ROOT}
+    sides = {"before": other_checkout(args.against, "ab_pretrain_loop.py"), "ours": ROOT}
     per_step: dict[str, list[float]] = {"before": [], "ours": []}
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import add_model_args, machine, table, timed, write_json
+from harness import add_model_args, machine, other_checkout, table, timed, write_json
 from train_step import training_step
 
 
@@ -70,9 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="results/ab_step.json")
     args = ap.parse_args(argv)
     args.device = "cpu"
-    before_dir = Path(args.against).resolve()
-    if not (before_dir / "folnet" / "__init__.py").is_file():
-        ap.error(f"--against {str(before_dir)!r} holds no folnet package")
+    before_dir = other_checkout(args.against, "ab_step.py")
     if args.pairs < 1:
         ap.error(f"--pairs must be >= 1, got {args.pairs}")
     before = load_other(before_dir)

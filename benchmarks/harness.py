@@ -159,3 +159,14 @@ def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     body = ["| " + " | ".join(format(r[k], f) if f else str(r[k]) for k, _, f in columns) + " |"
             for r in rows]
     return "\n".join([head, rule, *body])
+
+
+def other_checkout(path: str | Path, prog: str) -> Path:
+    """The checkout ``--against`` names, resolved. One that holds no folnet package (a typo,
+    a worktree not made yet) ends the script with one line, not a traceback from the process
+    that would have run it."""
+    root = Path(path).resolve()
+    if not (root / "folnet" / "__init__.py").is_file():
+        raise SystemExit(f"{prog}: error: --against {str(root)!r} holds no folnet package "
+                         f"(make one with: git worktree add {root} HEAD)")
+    return root

@@ -40,6 +40,7 @@ from harness import (
     machine,
     matmul_peak_gflops,
     median_seconds,
+    other_checkout,
     paired_peak_runs,
     peak_resident_mb,
     resident_mb,
@@ -198,6 +199,8 @@ def main(argv=None) -> int:
         8192 if args.device.startswith("cuda") else 2048)
     if size < 1:
         ap.error(f"--peak-size must be >= 1, got {size}")
+    if args.against is not None:  # before any measuring
+        args.against = str(other_checkout(args.against, "train_step.py"))
     peak = matmul_peak_gflops(torch.float32, n=size, device=args.device)
     if args.against is not None:
         print(f"matrix-product peak on {args.device}: float32 {peak:.1f} GFLOP/s", flush=True)
@@ -273,9 +276,7 @@ def main(argv=None) -> int:
 
 def _ab(args, peak: float, size: int) -> int:
     """This tree against ``--against``, alternating; one row per side and configuration."""
-    before = Path(args.against).resolve()
-    if not (before / "folnet" / "__init__.py").is_file():
-        raise SystemExit(f"--against {str(before)!r} holds no folnet package")
+    before = Path(args.against)
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     rows = []

@@ -13,18 +13,21 @@ command whose optional packages are missing says which extra to install in one l
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from folnet import __version__
 from folnet.checksums import strict_checksums
-from folnet.errors import FolnetError, NonFiniteError
+from folnet.errors import FolnetError, NonFiniteError, choices
 
-__all__ = ["EXTRAS", "Command", "DefaultsFormatter", "build_parser", "main",
-           "missing_modules", "register_command"]
+__all__ = ["EXTRAS", "Command", "DefaultsFormatter", "OneLineParser", "add_operators_flag",
+           "build_parser", "main", "missing_modules", "register_command",
+           "register_operator_file"]
 
 #: The optional extras of pyproject.toml and the modules folnet imports from each (module and
 #: distribution names are the same for all of them). A test keeps this equal to pyproject.
@@ -85,8 +88,29 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def add_operators_flag(p: argparse.ArgumentParser) -> None:
+    """``--operators FILE`` on a command that builds or reads a model: the user's operators,
+    registered before the command runs (`register_operator_file`)."""
+    p.add_argument("--operators", metavar="FILE", default=None, dest="operator_file",
+                   help="a TOML file of your own operators ([[operator]] tables, as "
+                   "folnet/specs/operators.toml), registered before the command runs")
+
+
+def register_operator_file(args: argparse.Namespace) -> list[Any]:
+    """Register the operators of ``--operators FILE`` (if given); returns their specs."""
+    path = getattr(args, "operator_file", None)
+    if path is None:
+        return []
+    from folnet.ops.registry import ensure_registered, read_operator_file
+
+    specs = read_operator_file(path, what="--operators")
+    ensure_registered(specs, source=f"--operators {path!r}")
+    return specs
+
+
 def _ops_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    add_operators_flag(p)
 
 
 def _ops_run(args: argparse.Namespace) -> int:
@@ -117,6 +141,7 @@ def _info_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--position", default=None,
                    help="position encoding: rpe, ape, ape+rpe, rpe* or none (default: the "
                    "preset's, rpe)")
+    add_operators_flag(p)
 
 
 def _info_run(args: argparse.Namespace) -> int:
@@ -215,6 +240,41 @@ def _missing_extra_message(command: str, missing: Sequence[str]) -> str:
             f"(missing: {', '.join(missing)})")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse as the folnet commands use it: no abbreviated options (``--step 2`` was taken
+    as ``--steps 2``: a typo must not silently mean another option), and a usage error is one
+    line on stderr that names the closest option or command, not the whole usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {self.suggest(message)}\n")
+
+    def options(self) -> list[str]:
+        return [o for action in self._actions for o in action.option_strings]
+
+    def suggest(self, message: str) -> str:
+        """``message`` with "did you mean" added for an unrecognised option."""
+        if not message.startswith("unrecognized arguments:"):
+            return message
+        given = message.split(":", 1)[1].split()
+        wrong = next((w for w in given if w.startswith("-")), given[0] if given else "")
+        name = wrong.split("=", 1)[0]
+        known = {o.lstrip("-"): o for o in self.options()}  # the dashes alone are no likeness
+        close = difflib.get_close_matches(name.lstrip("-"), list(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {known[close[0]]}?" if close else f"; see {self.prog} --help"
+        return f"unrecognized {'option' if name.startswith('-') else 'argument'} {name!r}{hint}"
+
+
+def unknown_command(word: str) -> str:
+    """The one line for a command that does not exist, with the closest one."""
+    close = difflib.get_close_matches(word, list(_COMMANDS), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}?" if close else f"use {choices(sorted(_COMMANDS))}"
+    return f"folnet: error: unknown command {word!r}; {hint}"
+
+
 def _command_in(argv: Sequence[str]) -> str | None:
     """The sub-command named in ``argv``: its first word that is not an option (the top-level
     options, --help and --version, take no value)."""
@@ -226,10 +286,11 @@ def build_parser(command: str | None = None
     """The parser and one sub-parser per command; only ``command``'s options are declared
     (every command's when None, as tests and documentation want)."""
     _load_subcommands()
-    parser = argparse.ArgumentParser(prog="folnet", description=DESCRIPTION)
+    parser = OneLineParser(prog="folnet", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"folnet {__version__}",
                         help="print the version of folnet and exit")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=OneLineParser)
     parsers = {}
     for name, cmd in _COMMANDS.items():
         parsers[name] = sub.add_parser(name, help=cmd.help, description=cmd.help,
@@ -248,7 +309,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     training run stopped by NaN or inf (`NonFiniteError`) is one line and exits 1; Ctrl-C is one
     line and exits 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, parsers = build_parser(_command_in(argv) or "")
+    command = _command_in(argv)
+    _load_subcommands()
+    if command is not None and command not in _COMMANDS:
+        print(unknown_command(command), file=sys.stderr)
+        return 2
+    parser, parsers = build_parser(command or "")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the sub-command's usage, not the top-level one
         parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -258,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_missing_extra_message(args.command, missing), file=sys.stderr)
         return 2
     try:
+        register_operator_file(args)  # --operators, before anything reads an operator string
         with strict_checksums(bool(getattr(args, "strict_checksums", False))):
             return int(cmd.run(args) or 0)
     except KeyboardInterrupt as exc:  # Ctrl-C: one line (where a run says how to go on)

@@ -96,15 +96,33 @@ def test_plain_options_show_their_defaults_too():
     assert "None" not in " ".join(options.values())  # a flag that is unset says what happens
 
 
-@pytest.mark.parametrize("argv", [["pretrain", "--bogus"], ["info", "jmc.atp", "--bogus"],
-                                  ["evaluate", "--model", "m", "--out", "o", "--bogus"]])
-def test_an_unknown_flag_shows_the_subcommand_usage(argv, capsys):
+@pytest.mark.parametrize(("argv", "line"), [
+    (["pretrain", "--bogus"], "folnet pretrain: error: unrecognized option '--bogus'; see "
+                              "folnet pretrain --help"),
+    (["pretrain", "--step", "2"], "folnet pretrain: error: unrecognized option '--step'; did "
+                                  "you mean --steps?"),  # not taken as --steps
+    (["pretrain", "--kinship-doc=4"], "folnet pretrain: error: unrecognized option "
+                                      "'--kinship-doc'; did you mean --kinship-documents?"),
+    (["info", "jmc.atp", "--presets", "tiny"], "folnet info: error: unrecognized option "
+                                               "'--presets'; did you mean --preset?"),
+    (["evaluate", "--model", "m", "--out", "o", "--split", "x"],
+     "folnet evaluate: error: unrecognized option '--split'; did you mean --splits?"),
+])
+def test_an_unknown_or_abbreviated_option_is_one_line_with_the_closest(argv, line, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"usage: folnet {argv[0]} ")
-    assert f"folnet {argv[0]}: error: unrecognized arguments: --bogus" in err
+    assert capsys.readouterr().err == line + "\n"
+
+
+@pytest.mark.parametrize(("word", "line"), [
+    ("pretrian", "folnet: error: unknown command 'pretrian'; did you mean 'pretrain'?"),
+    ("zzz", "folnet: error: unknown command 'zzz'; use 'ablate', 'convert', 'env', "
+            "'evaluate', 'finetune', 'info', 'ops' or 'pretrain'"),
+])
+def test_an_unknown_command_is_one_line_with_the_closest(word, line, capsys):
+    assert main([word]) == 2
+    assert capsys.readouterr().err == line + "\n"
 
 
 def test_help_imports_only_what_it_shows():

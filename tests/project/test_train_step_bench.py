@@ -56,3 +56,16 @@ def test_tiny_run_reports_every_case(tmp_path, capsys):
 def test_bad_peak_size_is_refused():
     with pytest.raises(SystemExit):
         train_step.main(["--peak-size", "0", "--json", "/dev/null"])
+
+
+@pytest.mark.parametrize("script", ["ab_pretrain_loop.py", "ab_step.py", "train_step.py"])
+def test_a_missing_against_checkout_is_one_line(script, tmp_path):
+    """Before: ab_pretrain_loop.py ended in a FileNotFoundError traceback from its subprocess."""
+    import subprocess
+
+    missing = tmp_path / "no-such-checkout"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--against", str(missing)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (f"{script}: error: --against {str(missing)!r} holds no folnet "
+                           f"package (make one with: git worktree add {missing} HEAD)\n")
