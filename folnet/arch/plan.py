@@ -90,7 +90,9 @@ def parse_layer(text: str) -> LayerPlan:
                 spec = get_operator(letter)
             except FolnetError:
                 raise FolnetError(f"operator string {text!r}: unknown operator {letter!r}; "
-                                  f"known: {_known()}") from None
+                                  f"known: {_known()} (declare your own with --operators FILE, "
+                                  f"a plan's [[operators]] or folnet.register_operator)"
+                                  ) from None
             if spec.realisation == "ffn":
                 raise FolnetError(f"operator string {text!r}: {letter!r} ({spec.name}) is the "
                                   f"FFN stage that follows every mixer; remove it from the string")

@@ -7,8 +7,10 @@ everywhere a built-in is: compiled kernels, architecture strings, checkpoints.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 
 from folnet import read_files
 from folnet.errors import FolnetError, choices
@@ -149,3 +151,42 @@ def unregister_operator(symbol: str) -> None:
         if symbol not in _SPECS:
             raise FolnetError(f"operator {symbol!r} is not registered")
         del _SPECS[symbol]
+
+
+def ensure_registered(specs: list[OperatorSpec] | tuple[OperatorSpec, ...], *,
+                      source: str) -> None:
+    """Register each of ``specs``, or check that the operator registered under its symbol is
+    the same one: what a run, a plan or a checkpoint declares is used as declared, and one that
+    differs from what this process already has is refused, naming ``source`` -- never a
+    silently different operator."""
+    for spec in specs:
+        try:
+            existing = get_operator(spec.symbol)
+        except FolnetError:
+            register_operator(spec)
+            continue
+        if existing != spec:
+            where = "a built-in" if is_builtin(spec.symbol) else "the registered one"
+            raise FolnetError(f"{source}: operator {spec.symbol!r} ({spec.name}) differs from "
+                              f"{where} {existing.symbol!r} ({existing.name}); pick another "
+                              f"symbol (or unregister the other first)")
+
+
+def read_operator_file(path: str | os.PathLike[str], *, what: str) -> list[OperatorSpec]:
+    """The operators of a TOML file of ``[[operator]]`` tables (the format of
+    folnet/specs/operators.toml), validated as `register_operator` validates; a missing or
+    invalid file is a `FolnetError` naming ``what`` (the flag or key) and the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise FolnetError(f"{what} {str(path)!r} does not exist (a TOML file of [[operator]] "
+                          f"tables)")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FolnetError(f"{what} {str(path)!r} cannot be read: {exc}") from None
+    specs = parse_spec_file(text, source=f"{what} {str(path)!r}")
+    builtin = [s.symbol for s in specs if is_builtin(s.symbol)]
+    if builtin:
+        raise FolnetError(f"{what} {str(path)!r} declares {builtin}, which are built-ins; give "
+                          f"the new operators other symbols")
+    return specs

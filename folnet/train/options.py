@@ -154,14 +154,21 @@ class Options:
 
 def load_layered(cls: type[ConfigT], defaults: Path, path: str | os.PathLike[str] | None = None,
                  overrides: Mapping[str, Any] | None = None, *,
-                 tables: tuple[str, ...] = ()) -> ConfigT:
-    """The defaults file, then ``path`` (``--config``), then ``overrides`` (the flags given).
+                 tables: tuple[str, ...] = (),
+                 recorded: tuple[str, Mapping[str, Any]] | None = None) -> ConfigT:
+    """The defaults file, then a run's ``recorded`` options (its run_config.json, named, for a
+    resume that need not retype them), then ``path`` (``--config``), then ``overrides`` (the
+    flags given).
 
     Options are flat keys; the fields named in ``tables`` are TOML tables (``[model]``) whose
     keys merge one by one across layers. Each layer is checked as it is added, so an unknown
-    key names the file it came from.
+    key names the file it came from -- but for the recorded options, where a key an earlier
+    folnet wrote and this one no longer has is left out (it cannot be honoured either way).
     """
     layers: list[tuple[str, Mapping[str, Any]]] = [(str(defaults), read_toml(defaults))]
+    if recorded is not None:
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        layers.append((recorded[0], {k: v for k, v in recorded[1].items() if k in known}))
     if path is not None:
         path = read_files.bundled_or_path(path, "train", what="--config")
         layers.append((str(path), read_toml(path)))

@@ -193,3 +193,33 @@ def test_the_console_script_is_the_installed_one(env):
     script = (env.parent / "folnet").read_text()
     assert script.startswith(f"#!{env}")
     assert sys.executable != str(env)
+
+
+def test_a_new_operator_from_spec_to_ablation_report(env, tmp_path):
+    """Issue 38's walk, from an empty folder outside the checkout on the installed wheel: an
+    operator declared in a TOML file, `ops` and `info` showing it, a 2-step pretraining with
+    it, a finetune from that run, a resume with only --resume, and the bundled
+    custom-operator plan's report, run small with --set."""
+    (tmp_path / "my_ops.toml").write_text(
+        '[[operator]]\nsymbol = "q"\nname = "bprod"\ntyping = "B <- B x U"\n'
+        'kernel = "x y w"\npremise = "x h w"\noutput = "x y h"\nbdim = "x"\nrdim = "w"\n')
+    assert "q    bprod  B <- B x U" in _folnet(env, "ops", "--operators", "my_ops.toml",
+                                                  cwd=tmp_path)
+    assert "operator q (bprod)" in _folnet(env, "info", "j.aq", "--preset", "tiny",
+                                           "--operators", "my_ops.toml", cwd=tmp_path)
+    tiny = ["--preset", "tiny", "--data", "kinship", "--kinship-documents", "30",
+            "--vocab-size", "120", "--seq-len", "32", "--batch-size", "4", "--no-progress"]
+    _folnet(env, "pretrain", "--ops", "j.aq", "--operators", "my_ops.toml", *tiny, "--steps",
+            "2", "--save-every", "1", "--out", "run", cwd=tmp_path)
+    resumed = _folnet(env, "pretrain", "--resume", "run", "--steps", "3", cwd=tmp_path)
+    assert "resumed from" in resumed and "done: 3 steps" in resumed
+    _folnet(env, "finetune", "--task", "kinship", "--from", "run", "--max-steps", "2",
+            "--kinship-train-size", "16", "--kinship-test-per-k", "2", "--no-progress",
+            "--out", "ft", cwd=tmp_path)
+    assert (tmp_path / "ft" / "eval.json").is_file()
+    _folnet(env, "ablate", "custom-operator", "--set", "seeds=1", "--set", "pretrain.steps=1",
+            "--set", "pretrain.kinship_documents=40", "--set", "finetune.max_steps=2",
+            "--set", "finetune.kinship_train_size=16", "--set", "finetune.kinship_test_per_k=2",
+            "--rows", "j.aq", "--out", "ablation", "--no-progress", cwd=tmp_path)
+    report = (tmp_path / "ablation" / "results.md").read_text()
+    assert "| j.aq RPE |" in report and "Operator `q` (bprod, B <- B x U)" in report

@@ -17,7 +17,7 @@ from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
 from folnet.atomic_write import atomic_write, atomic_write_json
 from folnet.checksums import verify_model_dir, write_model_manifest
 from folnet.errors import FolnetError
-from folnet.ops.registry import get_operator, register_operator
+from folnet.ops.registry import ensure_registered
 from folnet.ops.spec import parse_spec
 from folnet.read_files import read_json
 
@@ -175,17 +175,8 @@ def check_metadata(meta: dict[str, Any], where: str = "") -> None:
 
 def ensure_operators(cfg: ModelConfig) -> None:
     """Register the custom operators a checkpoint carries (or check they match)."""
-    for items in cfg.operators:
-        spec = parse_spec(dict(items))
-        try:
-            existing = get_operator(spec.symbol)
-        except FolnetError:
-            register_operator(spec)
-            continue
-        if existing != spec:
-            raise FolnetError(f"checkpoint operator {spec.symbol!r} ({spec.name}) differs from "
-                              f"the registered {existing.symbol!r} ({existing.name}); "
-                              f"unregister it first")
+    ensure_registered([parse_spec(dict(items)) for items in cfg.operators],
+                      source="checkpoint")
 
 
 def read_weights(directory: str | Path, *, map_location: str = "cpu") -> dict[str, Any]:

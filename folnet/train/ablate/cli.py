@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from folnet.cli import register_command
+from folnet.cli import add_operators_flag, register_command, register_operator_file
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -29,13 +29,19 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    "the plan's)")
     p.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
                    help="data directory of a task (repeatable)")
-    p.add_argument("--rows", default=None, help="comma-separated row names to run (default all)")
+    p.add_argument("--rows", default=None, help="comma-separated rows to run, by name or "
+                   "operator string (default all)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="change the plan without copying it: seeds=1, pretrain.steps=20, "
+                   "finetune.max_steps=50, compare.scratch_steps=1 (repeatable; checked as the "
+                   "plan's own keys, named in its report)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="rows run in parallel processes")
     p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
     # set by `--jobs N` on the row processes it starts: the ablate they must not outlive
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_operators_flag(p)  # the plan's rows may use them; recorded with the plan
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -57,10 +63,15 @@ def _run(args: argparse.Namespace) -> int:
         task_data[task] = path
     if args.jobs < 1:
         raise FolnetError(f"--jobs must be >= 1, got {args.jobs}")
+    from folnet.ops.spec import spec_to_dict
+
+    declared = [spec_to_dict(s) for s in register_operator_file(args)]
     overrides = {"preset": args.preset, "steps": args.steps, "seeds": args.seeds,
+                 "operators": declared,
                  "data": args.data, "task_data": task_data,
                  "tasks": tuple(args.tasks.split(",")) if args.tasks else None}
-    plan = load_plan(args.plan, overrides)  # every row validated before anything trains
+    # every row validated before anything trains
+    plan = load_plan(args.plan, overrides, args.settings)
     tune_cpu_allocator()
     out = args.out or f"runs/ablate-{plan.name}"
     try:

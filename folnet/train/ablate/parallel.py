@@ -21,6 +21,7 @@ from pathlib import Path
 
 from folnet.train.ablate.plan import AblationRow
 from folnet.train.ablate.rows import open_row_log, row_dir, row_holder, row_log, running_message
+from folnet.train.engine.memory import SHARE_ENV
 from folnet.train.engine.procs import stop_processes
 
 __all__ = ["ParallelOutcome", "run_parallel"]
@@ -56,7 +57,8 @@ def run_parallel(rows: Sequence[AblationRow], out: Path, jobs: int) -> ParallelO
     it propagates."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1"}  # a row killed mid-run keeps its log up to the kill
+           "PYTHONUNBUFFERED": "1",  # a row killed mid-run keeps its log up to the kill
+           SHARE_ENV: str(jobs)}  # each row's 'auto' memory budget is its share
     pending = list(rows)
     running: list[tuple[AblationRow, subprocess.Popen]] = []
     outcome = ParallelOutcome()

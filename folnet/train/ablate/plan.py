@@ -43,7 +43,10 @@ from typing import Any
 
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
+from folnet.ops.registry import ensure_registered, is_builtin
+from folnet.ops.spec import parse_spec, spec_to_dict
 from folnet.read_files import bundled_or_path, parse_json
+from folnet.train.ablate.overrides import apply_settings
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.options import read_toml
@@ -51,8 +54,8 @@ from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import family_of, get_task
 
 LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop"}
-PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "pretrain",
-             "finetune", "rows", "compare")
+PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "operators",
+             "pretrain", "finetune", "rows", "compare", "set")
 ROW_KEYS = ("name", "ops", "position", "D2", "loss", "paper")
 COMPARE_KEYS = ("scratch_steps", "sweep")
 #: [finetune] options the plan sets for every run, so neither [finetune] nor a sweep may
@@ -128,6 +131,28 @@ class AblationPlan:
     finetune: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     source: str = "<plan>"
     compare: Compare | None = None  # pretrained against scratch, over a sweep
+    # the plan's own operators ([[operators]] tables), which its rows' strings may use
+    operators: tuple[dict[str, Any], ...] = ()
+    settings: tuple[str, ...] = ()  # the command line's --set KEY=VALUE, as given
+
+
+def _operators(raw: Any, name: str) -> tuple[dict[str, Any], ...]:
+    """The plan's ``[[operators]]``: operator tables as in folnet/specs/operators.toml,
+    validated as `register_operator` validates and registered, so that the rows' operator
+    strings can use them (each row's pretraining records them in its run_config.json)."""
+    where = f"plan {name!r} [[operators]]"
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(t, Mapping) for t in raw):
+        raise FolnetError(f"{where}: expected a list of operator tables ([[operators]]), got "
+                          f"{raw!r}")
+    try:
+        specs = [parse_spec(t) for t in raw]
+    except FolnetError as exc:
+        raise FolnetError(f"{where}: {exc}") from None
+    builtin = [s.symbol for s in specs if is_builtin(s.symbol)]
+    if builtin:
+        raise FolnetError(f"{where}: {builtin} are built-in symbols; give yours others")
+    ensure_registered(specs, source=where)
+    return tuple(spec_to_dict(s) for s in specs)
 
 
 def _row(raw: Any, index: int, plan_name: str, preset: str, num_layers: int) -> AblationRow:
@@ -194,6 +219,10 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
         if key in finetune:
             raise FolnetError(f"{source}: [finetune] must not set {key!r}; the plan sets it "
                               f"(the plan's 'seeds' runs whole rows, pretraining included)")
+    if "operators" in pretrain:
+        raise FolnetError(f"{source}: declare the plan's operators in [[operators]] tables, "
+                          f"not in [pretrain]")
+    operators = _operators([*data.get("operators", []), *overrides.get("operators", [])], name)
     rows_raw = data.get("rows")
     if not rows_raw:
         raise FolnetError(f"{source}: the plan has no [[rows]]")
@@ -222,7 +251,8 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
                         task_data=tuple(sorted(task_data.items())), seeds=seeds,
                         description=str(data.get("description", "")),
                         pretrain=tuple(pretrain.items()), finetune=tuple(finetune.items()),
-                        source=source, compare=compare)
+                        source=source, compare=compare, operators=operators,
+                        settings=tuple(str(x) for x in data.get("set", ())))
 
 
 def _compare(raw: Any, name: str, steps: int, finetune: Mapping[str, Any]) -> Compare:
@@ -310,6 +340,10 @@ def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
     out = {"name": plan.name, "description": plan.description, "data": plan.data,
            "tasks": list(plan.tasks), "task_data": dict(plan.task_data), "seeds": plan.seeds,
            "pretrain": dict(plan.pretrain), "finetune": dict(plan.finetune), "rows": rows}
+    if plan.operators:  # absent otherwise, as in plans written before it
+        out["operators"] = [dict(spec) for spec in plan.operators]
+    if plan.settings:
+        out["set"] = list(plan.settings)
     if plan.compare is not None:  # absent otherwise: plans written before it read the same
         compare: dict[str, Any] = {"scratch_steps": plan.compare.scratch_steps}
         if plan.compare.option is not None:
@@ -318,9 +352,12 @@ def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
     return out
 
 
-def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> AblationPlan:
+def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None,
+              settings: Sequence[str] = ()) -> AblationPlan:
     """Read and validate an ablation plan: a TOML file (``folnet/specs/ablations/NAME.toml``, or
-    just NAME) or the ``plan.json`` an ablation run writes into its output directory."""
+    just NAME) or the ``plan.json`` an ablation run writes into its output directory, with the
+    command line's ``--set KEY=VALUE`` ``settings`` applied first
+    (`folnet.train.ablate.overrides`) and checked as the plan's own keys are."""
     path = bundled_or_path(path, "ablations", what="ablation plan")
     if path.suffix == ".json":
         try:
@@ -329,4 +366,6 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> A
             raise FolnetError(f"{path}: not valid JSON ({exc})") from None
     else:
         data = read_toml(path)
+    if settings:
+        data = {**apply_settings(data, settings, PLAN_KEYS), "set": list(settings)}
     return parse_plan_dict(data, source=str(path), overrides=overrides)

@@ -30,13 +30,14 @@ from typing import Any
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.train.ablate import corpus
+from folnet.train.ablate.overrides import select_rows
 from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
 from folnet.train.ablate.plan import AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
 from folnet.train.ablate.rows import RowBusy, claim_row, row_dir, running_message
 from folnet.train.ablate.seeds import finetune_config, pretrain_seed, run_seed
 from folnet.train.ablate.summary import summarise_cells, summarise_row
-from folnet.train.engine.outdir import check_out
+from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.pretrain.config import PretrainConfig
 
 
@@ -124,13 +125,12 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
     Rows that failed (``jobs > 1``) or that another live process is running are named in a
     `FolnetError` raised after the report of the finished rows is written."""
     out = check_out(out, what="ablation")  # before anything is written
-    out.mkdir(parents=True, exist_ok=True)
-    _check_out(plan, out)
-    _prepare_corpora(plan, out, range(plan.seeds))
-    rows = [r for r in plan.rows if not only or r.name in only or r.slug in only]
-    if only and len(rows) != len(set(only)):
-        known = [r.name for r in plan.rows]
-        raise FolnetError(f"--rows {list(only)} names rows the plan lacks; rows: {known}")
+    rows = select_rows(plan.rows, only)
+    with FreshStart(out) as fresh:  # a start refused here leaves nothing in OUT
+        out.mkdir(parents=True, exist_ok=True)
+        _check_out(plan, out)
+        _prepare_corpora(plan, out, range(plan.seeds))
+        fresh.begun()
     started = time.perf_counter()
     if jobs <= 1 or len(rows) <= 1:
         outcome = ParallelOutcome()
@@ -167,7 +167,14 @@ def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
                 for r in plan.rows if (row_dir(out, r) / "result.json").is_file()]
     if not finished:  # every row failed or is running elsewhere: nothing to tabulate yet
         return {}
-    header = (f"Plan `{plan.name}` ({plan.source}): {plan.description}\n\n"
+    settings = (f"\n\nRun with `--set {' --set '.join(plan.settings)}`." if plan.settings
+                else "")
+    declared = "".join(f"\n\nOperator `{o['symbol']}` ({o['name']}, {o['typing']}) is declared "
+                       f"by the plan ([[operators]]): kernel `{o['kernel']}`, premise "
+                       f"`{o['premise']}`, output `{o['output']}`, batched over "
+                       f"`{o['bdim']}`, reduced over `{o['rdim']}`, {o['activation']}."
+                       for o in plan.operators)
+    header = (f"Plan `{plan.name}` ({plan.source}): {plan.description}{settings}{declared}\n\n"
               f"Pretraining: {dict(plan.pretrain)} on `{plan.data}`; tasks: "
               f"{', '.join(plan.tasks)}; {plan.seeds} seed(s) per row, each covering "
               f"pretraining and finetuning.")

@@ -72,7 +72,8 @@ def _pretrain_config(plan: AblationPlan, row: AblationRow, run_dir: Path, seed: 
     model = {**dict(shared.pop("model", {})), **row.model_overrides}
     return load_pretrain_config(None, {
         **shared, "ops": row.ops, "data": data, "objective": LOSSES[row.loss],
-        "model": model, "out": str(run_dir), "resume": "auto",
+        "model": model, "operators": list(plan.operators), "out": str(run_dir),
+        "resume": "auto",
         "seed": pretrain_seed(plan, seed), "progress": progress, "tensorboard": False})
 
 

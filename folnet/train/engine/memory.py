@@ -15,9 +15,12 @@ batch: weights, gradients and two optimiser moments, and the process itself (tor
 tokenised corpus). On a CPU the factor covers glibc's heap as `folnet.runtime` tunes it
 (freed blocks are kept for reuse, so the heap ends above the live peak).
 
-The budget (``--memory-budget``) defaults to `DEFAULT_CPU_BUDGET` on a CPU -- whatever the
-machine has, so a first command that runs here runs on a laptop -- capped by what the machine
-has available; on a GPU, 90% of the device's free memory. ``off`` keeps the batch as asked.
+The budget (``--memory-budget``) defaults on a CPU to 80% of the memory the machine has
+available, shared by the processes of one run (torchrun's local ones, the parallel rows of
+``folnet ablate --jobs N``); on a GPU, 90% of the device's free memory. ``off`` keeps the batch
+as asked. Why not a fixed laptop-sized budget (it was 3 GiB): the defaults then stopped on a
+machine with 22 GiB free ("a step of 1 sequence needs about 4.4 GiB"); a budget that follows
+the machine runs wherever the step fits and splits it where it does not.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ import torch
 
 from folnet.errors import FolnetError
 
-__all__ = ["CPU_HEAP_FACTOR", "DEFAULT_CPU_BUDGET", "Fit", "StepMemory", "allocation_failure",
-           "available_bytes", "fit_batch", "format_bytes", "parse_budget", "resolve_budget"]
+__all__ = ["CPU_HEAP_FACTOR", "DEFAULT_CPU_BUDGET", "SHARE_ENV", "Fit", "StepMemory",
+           "allocation_failure", "available_bytes", "fit_batch", "format_bytes", "parse_budget",
+           "resolve_budget", "sharing_processes"]
 
 GiB = 1 << 30
-#: The default budget of a CPU run's step: a laptop's share, whatever this machine has.
+#: A CPU run's step budget where the available memory cannot be read (else 80% of it: the
+#: defaults run wherever they fit, and a batch that does not is split into micro-batches).
 DEFAULT_CPU_BUDGET = 3 * GiB
 #: Resident peak over saved-for-backward bytes, per sequence (measured, README "Memory").
 CPU_HEAP_FACTOR = 1.0
@@ -118,11 +123,30 @@ def resolve_budget(text: str | None, device: torch.device) -> tuple[int | None, 
     room = available_bytes(device)
     if asked:
         return asked, "--memory-budget"
+    share = sharing_processes()
+    each = f", shared by {share} processes" if share > 1 else ""
     if device.type == "cuda":
         return int(0.9 * (room or 0)), "90% of the GPU's free memory"
-    if room is not None and 0.8 * room < DEFAULT_CPU_BUDGET:
-        return int(0.8 * room), f"80% of the {format_bytes(room)} available"
-    return DEFAULT_CPU_BUDGET, "the default CPU budget"
+    if room is None:
+        return DEFAULT_CPU_BUDGET, "the default CPU budget (the available memory is unknown)"
+    return int(0.8 * room / share), f"80% of the {format_bytes(room)} available{each}"
+
+
+#: Set by a parent that starts several training processes on this machine at once (`folnet
+#: ablate --jobs N` sets N): each takes its share of the memory 'auto' budgets.
+SHARE_ENV = "FOLNET_PARALLEL_JOBS"
+
+
+def sharing_processes() -> int:
+    """How many training processes of one run share this machine's memory: torchrun's
+    ``LOCAL_WORLD_SIZE``, or the parallel rows `SHARE_ENV` announces (1 when neither says)."""
+    counts = [1]
+    for name in ("LOCAL_WORLD_SIZE", SHARE_ENV):
+        try:
+            counts.append(int(os.environ.get(name, "1")))
+        except ValueError:
+            continue
+    return max(counts)
 
 
 @dataclass(frozen=True)

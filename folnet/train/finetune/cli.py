@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from folnet.cli import register_command
+from folnet.cli import add_operators_flag, register_command
 from folnet.train.options import add_flags, given_flags, read_toml
 
 
@@ -23,6 +23,7 @@ def _finetune_configure(p: argparse.ArgumentParser) -> None:
                    help="TOML file of options over the defaults shown here (those of "
                    "folnet/specs/train/finetune.toml); flags override both")
     add_flags(p, FinetuneConfig, defaults=read_toml(default_config_path()))
+    add_operators_flag(p)
 
 
 def _finetune_run(args: argparse.Namespace) -> int:
@@ -56,6 +57,7 @@ def _evaluate_configure(p: argparse.ArgumentParser) -> None:
                    help="splits to score (default: the task's evaluation splits)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="examples scored per forward pass")
+    add_operators_flag(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="fp32, bf16 or fp16 (autocast)")

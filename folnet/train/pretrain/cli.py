@@ -14,6 +14,7 @@ so this wrapper prints nothing after it.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from folnet.cli import register_command
@@ -58,6 +59,29 @@ def _configure(p: argparse.ArgumentParser) -> None:
     }, defaults=run_defaults())
 
 
+def resumed_run(overrides: dict[str, Any]) -> Path | None:
+    """The run a ``--resume`` continues, whose run_config.json then gives every option not
+    given again (a changed one is refused, naming it, as before). ``--resume RUN`` names the
+    run directory itself (or one of its checkpoints) and stands for ``--out RUN --resume``;
+    ``--resume`` with ``--out RUN`` reads RUN. None when nothing is resumed, or OUT holds no
+    run yet (``--resume auto`` on a new OUT)."""
+    resume, out = overrides.get("resume"), overrides.get("out")
+    if resume is None:
+        return None
+    if out is None and resume not in ("latest", "auto"):
+        given = Path(resume)
+        run = given if (given / "run_config.json").is_file() else given.parent.parent
+        if (run / "run_config.json").is_file() and (run == given
+                                                    or given.parent.name == "checkpoints"):
+            overrides["out"] = str(run)
+            if run == given:
+                overrides["resume"] = "latest"
+            return run
+        return None
+    run = Path(out) if out is not None else None
+    return run if run is not None and (run / "run_config.json").is_file() else None
+
+
 def _run(args: argparse.Namespace) -> int:
     from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
     from folnet.train.pretrain.loop import pretrain
@@ -65,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     overrides = given_flags(args, PretrainConfig)
     if "model" in overrides:
         overrides["model"] = dict(overrides["model"])  # the --model KEY=VALUE pairs
-    config = load_pretrain_config(args.config, overrides)
+    config = load_pretrain_config(args.config, overrides, run=resumed_run(overrides))
     if config.out is None:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
     pretrain(config)  # its logger prints the final line (rank 0 only)

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from folnet.errors import FolnetError, choices
+from folnet.ops.registry import ensure_registered, read_operator_file
+from folnet.ops.spec import parse_spec, spec_to_dict
+from folnet.read_files import read_json
 from folnet.train.data.checks import canonical_encoding
 from folnet.train.data.config import OBJECTIVES, PretrainDataConfig
 from folnet.train.engine.amp import PRECISIONS
@@ -67,11 +70,29 @@ def _model_overrides(flag: str, value: Any) -> tuple[tuple[str, Any], ...]:
     return pairs
 
 
+def _operator_tables(flag: str, value: Any) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """``--operators FILE`` (a TOML file of ``[[operator]]`` tables), or the tables themselves
+    (a config's inline ``[[operators]]``, run_config.json): validated specs, stored as the
+    spec tables so that run_config.json records the operators, not a path that may move."""
+    if isinstance(value, (str, os.PathLike)):
+        specs = read_operator_file(value, what=flag)
+    elif isinstance(value, (list, tuple)):
+        specs = [parse_spec(dict(t) if not isinstance(t, Mapping) else t) for t in value]
+    else:
+        raise FolnetError(f"{flag} must be a TOML file of [[operator]] tables or a list of "
+                          f"operator tables, got {type(value).__name__}")
+    return tuple(tuple(sorted(spec_to_dict(s).items())) for s in specs)
+
+
 @dataclass(frozen=True)
 class PretrainConfig(Options):
     """All options of a pretraining run (see the module docstring for precedence)."""
 
     ops: str = option("jmc.atp", "operator string of the architecture")
+    operators: tuple[tuple[tuple[str, Any], ...], ...] = option(
+        (), "a TOML file of your own operators ([[operator]] tables, as "
+            "folnet/specs/operators.toml), usable in --ops; recorded in run_config.json",
+        parse=_operator_tables, metavar="FILE")
     preset: str = option("base", "model size preset: tiny, small, base or large")
     model: tuple[tuple[str, Any], ...] = option(
         (), "model overrides KEY=VALUE (D1, D2, L, ...)", parse=_model_overrides)
@@ -101,9 +122,9 @@ class PretrainConfig(Options):
     grad_accum: int = option(1, "micro-batches accumulated per optimiser step (at least; "
                              "more when the step would not fit --memory-budget)")
     memory_budget: str = option("auto", "peak memory a step may use: a size (3GiB, 800MiB), "
-                                "'auto' (CPU: 3 GiB or 80%% of the available memory if less; "
-                                "GPU: 90%% of the free memory) or 'off'; a batch over it is "
-                                "split into micro-batches")
+                                "'auto' (CPU: 80%% of the available memory, shared by the "
+                                "processes of the run; GPU: 90%% of the free memory) or "
+                                "'off'; a batch over it is split into micro-batches")
     steps: int = option(8000, "optimiser steps")
     lr: float = option(1e-3, "peak learning rate")
     warmup_ratio: float = option(0.01, "share of the steps spent warming up")
@@ -171,7 +192,12 @@ class PretrainConfig(Options):
         return self.batch_size // self.grad_accum
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "model": dict(self.model)}
+        return {**super().to_dict(), "model": dict(self.model),
+                "operators": [dict(t) for t in self.operators]}
+
+    def register_operators(self) -> None:
+        """Register the run's own operators (``--operators``) before anything reads --ops."""
+        ensure_registered([parse_spec(dict(t)) for t in self.operators], source="--operators")
 
     def resume_mismatches(self, saved: Mapping[str, Any]) -> list[str]:
         """Options whose value differs from the run that wrote a checkpoint, as flags (a new
@@ -191,10 +217,20 @@ def default_config_path() -> Path:
 
 
 def load_pretrain_config(path: str | os.PathLike[str] | None = None,
-                         overrides: Mapping[str, Any] | None = None) -> PretrainConfig:
-    """Defaults file, then `path` (a TOML file), then `overrides` (e.g. parsed flags).
+                         overrides: Mapping[str, Any] | None = None, *,
+                         run: str | os.PathLike[str] | None = None) -> PretrainConfig:
+    """Defaults file, then the options ``run`` recorded (its run_config.json: a resume need not
+    retype them), then `path` (a TOML file), then `overrides` (e.g. parsed flags).
 
     Model overrides merge key by key (a ``--model D2=32`` keeps the file's ``L``).
     """
+    recorded = None
+    if run is not None:
+        where = Path(run) / "run_config.json"
+        data = read_json(where, what="run options")
+        if not isinstance(data, Mapping):
+            raise FolnetError(f"{where}: expected the run's options (an object)")
+        recorded = (str(where), {k: v for k, v in data.items()
+                                 if k not in ("resume", "out", "init_from")})
     return load_layered(PretrainConfig, default_config_path(), path, overrides,
-                        tables=("model",))
+                        tables=("model",), recorded=recorded)

@@ -114,6 +114,7 @@ def pretrain(config: PretrainConfig) -> Path:
     if config.out is None:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
     out = check_out(config.out, what="pretraining run")  # before anything is written
+    config.register_operators()  # --operators, before anything reads --ops
     # a training process: keep tensors on the heap (2x on CPU), the large ones of long
     # sequences excepted (`folnet.runtime`)
     tune_cpu_allocator(config.seq_len)
