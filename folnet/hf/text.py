@@ -4,14 +4,18 @@ processors, stopping criteria, streamers, ``generation_config``, ``return_dict_i
 
 The past state transformers carries between steps is `FolnetCache`: folnet's own incremental
 cache (`folnet.arch.models.text.Session`), so each new token still costs one row per layer.
-``generate`` asks for it with ``use_cache=True``: the first forward call starts a session over
-the prompt (or, for the encoder-decoder, over the encoder outputs and the decoder start
-tokens) and returns it as ``cache``; later calls step it with the new tokens; beam search
-reorders it. A forward call without ``use_cache`` (training, evaluation) is the native forward.
+``generate`` makes it empty; the first forward call starts a session over the prompt (or, for
+the encoder-decoder, over the encoder outputs and the decoder start tokens) and returns it as
+``cache``; later calls step it with the new tokens (several at once when assisted decoding or
+prompt lookup verifies candidates, which then crops the rejected ones); beam search reorders
+it. A forward call without ``use_cache`` or a cache (training, evaluation) is the native
+forward. Input values are checked in eager mode only, so that ``torch.compile`` captures a
+cached step as one graph (tests/hf/test_hf_compile.py).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,38 +25,58 @@ from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import ModelOutput
 
-from folnet.arch.inputs import check_ids, check_mask, check_prefix
+from folnet.arch.inputs import check_ids, check_mask, check_prefix, values_checked
 from folnet.arch.layer.atoms import token_positions
 from folnet.arch.layer.stack import Record
 from folnet.arch.models.text import Session
 from folnet.errors import FolnetError
-from folnet.hf.modeling import FolnetPreTrainedModel, as_returned
+from folnet.hf.modeling import FolnetPreTrainedModel
 
 
 class FolnetCache:
     """A folnet generation session as transformers' ``cache``: ``get_seq_length`` (decoder
-    tokens consumed), ``reorder_cache`` (beam search). It is not a `transformers.Cache`: its
-    buffers are folnet's context channels, not keys and values."""
+    tokens consumed), ``reorder_cache`` (beam search), ``crop`` (assisted decoding and prompt
+    lookup). It is not a `transformers.Cache`: its buffers are folnet's context channels, not
+    keys and values. generate makes it empty (assisted decoding asks for the cache before the
+    first forward call) and the first forward call starts its session."""
 
+    # True would have transformers compile every generate's steps on a GPU (its static-cache
+    # path); torch.compile of the step is the user's choice (tests/hf/test_hf_compile.py)
     is_compileable = False
-    is_croppable = False
+    is_croppable = True
 
-    def __init__(self, session: Session, offset: int = 0):
-        self.session = session
+    def __init__(self, session: Session | None = None, offset: int = 0):
+        self.session = session  # None until the first forward call starts it
         self.offset = offset  # domain positions before the decoder's tokens (enc-dec inputs)
         self.is_linear = [False]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.session.length - self.offset
+        return 0 if self.session is None else self.session.length - self.offset
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         self.session.reorder(beam_idx)
 
-    def new_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """The part of ``ids`` not consumed yet: generate passes the last token, a caller that
-        continues a cached generation may pass the whole sequence."""
+    def activate_past_recording(self) -> None:
+        """Nothing to do: a crop only moves the session's length back (`Session.crop`)."""
+
+    def crop(self, max_length: int) -> None:
+        """Drop decoder tokens: ``crop(-k)`` the last k (what assisted decoding asks after the
+        model rejected k candidates; ``crop(0)`` drops none), ``crop(n)`` all but the first n
+        (transformers' older form). A PrefixLM's prompt is never dropped (`Session.crop`):
+        transformers reads ``get_seq_length`` after a crop and feeds every token not kept."""
+        try:  # an int, or the 0-d tensor transformers 5.17 computes it as
+            given = None if isinstance(max_length, bool) else operator.index(max_length)
+        except TypeError:
+            given = None
+        if given is None:
+            raise FolnetError(f"crop takes an integer number of tokens, got {max_length!r}")
+        max_length = given
         seen = self.get_seq_length()
-        return ids[:, seen:] if ids.shape[1] > seen else ids
+        keep = seen + max_length if max_length <= 0 else min(max_length, seen)
+        if keep < 0:
+            raise FolnetError(f"crop({max_length}): the cache holds only {seen} tokens")
+        if self.session is not None:
+            self.session.crop(max(self.offset + keep, self.session.floor))
 
 
 #: The name transformers gives the past state, in the outputs and in forward's arguments:
@@ -60,11 +84,16 @@ class FolnetCache:
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
-def _past(cache: FolnetCache | None, kwargs: dict[str, Any]) -> FolnetCache | None:
-    """The cache a call passed, by either name (an older transformers' generate passes
-    ``past_key_values``)."""
-    older = kwargs.pop("past_key_values", None)
+def _past(cache: FolnetCache | None, older: FolnetCache | None) -> FolnetCache | None:
+    """The cache a call passed, by either name: forward declares both, since transformers
+    5.17 refuses a generate argument (its ``past_key_values``) that forward does not name."""
     return cache if cache is not None else older
+
+
+def _values(native: nn.Module, ids: object) -> bool:
+    """Whether this call checks input values (`folnet.arch.inputs.values_checked`): on the
+    CPU, never while torch.compile traces (a value read would break the graph)."""
+    return isinstance(ids, torch.Tensor) and values_checked(ids, native.validate)
 
 
 def _kept(logits: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
@@ -77,7 +106,15 @@ class _Generating(FolnetPreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the cache is folnet's own, made by the first forward call
+        return False  # the cache is folnet's own (`_prepare_cache_for_generation`)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict[str, Any],
+                                      *args: Any, **kwargs: Any) -> None:
+        """An empty `FolnetCache` where transformers would make its own: assisted decoding
+        and prompt lookup need the cache before the first forward call, which starts it."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if model_kwargs.get(CACHE) is None and generation_config.use_cache is not False:
+            model_kwargs[CACHE] = FolnetCache()
 
     def _record(self, output_attentions, output_hidden_states) -> Record | None:
         asked = self._asked(output_attentions, output_hidden_states, None)
@@ -101,33 +138,36 @@ class FolnetForCausalLM(_Generating):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 prefix_lengths=None, cache: FolnetCache | None = None,
+                past_key_values: FolnetCache | None = None,
                 use_cache: bool | None = None, logits_to_keep: int = 0,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 output_relations: bool | None = None, return_dict: bool | None = None,
                 **kwargs: Any):
-        if token_type_ids is not None and bool(torch.as_tensor(token_type_ids).any()):
+        native = self.native
+        values = _values(native, input_ids)
+        if (token_type_ids is not None and values
+                and bool(torch.as_tensor(token_type_ids).any())):
             raise FolnetError("token_type_ids: a FOLNet decoder has no token types; give none "
                               "(or zeros)")
-        native = self.native
-        cache = _past(cache, kwargs)
+        cache = _past(cache, past_key_values)
         if cache is not None or (use_cache and labels is None and not output_relations):
             record = self._record(output_attentions, output_hidden_states)
-            if cache is not None:  # one more step of a running generation
-                logits = cache.session.step(check_ids(native.cfg, cache.new_tokens(input_ids)),
-                                            record)
+            ids = check_ids(native.cfg, input_ids, values=values)  # (B, k): the new tokens
+            if cache is not None and cache.session is not None:  # a running generation
+                logits = cache.session.step(ids, record)
             else:  # generate's first call: the prompt
-                ids = check_ids(native.cfg, input_ids)
-                pad = check_mask(attention_mask, ids)
-                prefix = check_prefix(prefix_lengths, *ids.shape, ids.device)
+                pad = check_mask(attention_mask, ids, values=values)
+                prefix = check_prefix(prefix_lengths, *ids.shape, ids.device, values=values)
                 logits, session = native.begin(ids, pad, prefix, record=record)
-                cache = FolnetCache(session)
-            return as_returned(CausalLMOutputWithPast(
+                cache = cache if cache is not None else FolnetCache()
+                cache.session = session
+            return self._returned(CausalLMOutputWithPast(
                 logits=_kept(logits, logits_to_keep), **{CACHE: cache}, **self._states(record)),
                 return_dict)
         out = native(input_ids, prefix_lengths=prefix_lengths, labels=labels,
                      attention_mask=attention_mask,
                      **self._asked(output_attentions, output_hidden_states, output_relations))
-        return as_returned(CausalLMOutputWithPast(
+        return self._returned(CausalLMOutputWithPast(
             loss=out.loss, logits=_kept(out.logits, logits_to_keep),
             hidden_states=out.hidden_states, attentions=out.attentions), return_dict)
 
@@ -154,13 +194,14 @@ class _Encoder(nn.Module):
     def forward(self, input_ids=None, attention_mask=None, output_attentions=None,
                 output_hidden_states=None, return_dict: bool | None = True, **kwargs: Any):
         native = self.owner.native
-        ids = check_ids(native.cfg, input_ids)
+        values = _values(native, input_ids)
+        ids = check_ids(native.cfg, input_ids, values=values)
         record = self.owner._record(output_attentions, output_hidden_states)
         if record is not None and record.hidden is not None:
             record.relations = []
-        e1, e2, _ = native.encode(ids, check_mask(attention_mask, ids), record)
+        e1, e2, _ = native.encode(ids, check_mask(attention_mask, ids, values=values), record)
         out = FolnetEncoderOutput(e1, e2, **self.owner._states(record))
-        return as_returned(out, return_dict)
+        return self.owner._returned(out, return_dict)
 
 
 class FolnetForConditionalGeneration(_Generating):
@@ -194,25 +235,26 @@ class FolnetForConditionalGeneration(_Generating):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None,
                 decoder_attention_mask=None, labels=None,
                 encoder_outputs: FolnetEncoderOutput | tuple | None = None,
-                cache: FolnetCache | None = None, use_cache: bool | None = None,
+                cache: FolnetCache | None = None, past_key_values: FolnetCache | None = None,
+                use_cache: bool | None = None,
                 logits_to_keep: int = 0, output_attentions: bool | None = None,
                 output_hidden_states: bool | None = None, output_relations: bool | None = None,
                 return_dict: bool | None = None, **kwargs: Any):
         native = self.native
-        cache = _past(cache, kwargs)
+        cache = _past(cache, past_key_values)
         if cache is not None or (use_cache and labels is None and decoder_input_ids is not None
                                  and decoder_attention_mask is None and not output_relations):
             record = self._record(output_attentions, output_hidden_states)
-            if cache is not None:
-                new = check_ids(native.cfg, cache.new_tokens(decoder_input_ids),
-                                "decoder_input_ids")
-                logits = cache.session.step(new, record)
-            else:  # generate's first decoder call
-                start = check_ids(native.cfg, decoder_input_ids, "decoder_input_ids")
+            ids = check_ids(native.cfg, decoder_input_ids, "decoder_input_ids",
+                            values=_values(native, decoder_input_ids))  # (B, k) new tokens
+            if cache is not None and cache.session is not None:
+                logits = cache.session.step(ids, record)
+            else:  # generate's first decoder call: the start token (and any candidates)
                 encoded, pad = self._encoded(input_ids, attention_mask, encoder_outputs)
-                logits, session = native.begin(None, pad, start, encoded=encoded, record=record)
-                cache = FolnetCache(session, offset=encoded[0].shape[1])
-            return as_returned(Seq2SeqLMOutput(
+                logits, session = native.begin(None, pad, ids, encoded=encoded, record=record)
+                cache = cache if cache is not None else FolnetCache()
+                cache.session, cache.offset = session, encoded[0].shape[1]
+            return self._returned(Seq2SeqLMOutput(
                 logits=_kept(logits, logits_to_keep), **{CACHE: cache},
                 decoder_hidden_states=self._states(record).get("hidden_states"),
                 decoder_attentions=self._states(record).get("attentions")), return_dict)
@@ -225,12 +267,24 @@ class FolnetForConditionalGeneration(_Generating):
             out = native(input_ids, decoder_input_ids=decoder_input_ids, labels=labels,
                          attention_mask=attention_mask,
                          decoder_attention_mask=decoder_attention_mask, **asked)
-        return as_returned(Seq2SeqLMOutput(
+        return self._returned(Seq2SeqLMOutput(
             loss=out.loss, logits=_kept(out.logits, logits_to_keep),
             decoder_hidden_states=out.hidden_states, decoder_attentions=out.attentions,
             encoder_last_hidden_state=out.encoder_sequence_output,
             encoder_hidden_states=out.encoder_hidden_states,
             encoder_attentions=out.encoder_attentions), return_dict)
+
+    def prepare_inputs_for_generation(self, decoder_input_ids: torch.Tensor, *args: Any,
+                                      **kwargs: Any) -> dict[str, Any]:
+        """transformers' inputs, with the decoder tokens the cache has not consumed: generate
+        passes the decoder tokens so far, and transformers 5.17 does not cut them for an
+        assistant's later calls (its decoder has no attention mask to measure them by)."""
+        inputs = super().prepare_inputs_for_generation(decoder_input_ids, *args, **kwargs)
+        cache = inputs.get(CACHE)
+        if isinstance(cache, FolnetCache) and cache.session is not None:
+            seen = cache.get_seq_length()
+            inputs["decoder_input_ids"] = decoder_input_ids[:, seen:].contiguous()
+        return inputs
 
     def _encoded(self, input_ids, attention_mask, encoder_outputs):
         """The encoder's final atoms and positions, and the inputs' padding, from generate's
@@ -244,5 +298,6 @@ class FolnetForConditionalGeneration(_Generating):
             raise FolnetError("encoder_outputs must carry relation_output (the encoder's final "
                               "binary atoms): make them with model.get_encoder()")
         pad = None if attention_mask is None else check_mask(
-            attention_mask, torch.empty(e1.shape[:2], dtype=torch.long, device=e1.device))
+            attention_mask, torch.empty(e1.shape[:2], dtype=torch.long, device=e1.device),
+            values=_values(self.native, attention_mask))
         return (e1, e2, token_positions(pad, e1.shape[1], e1.device)), pad

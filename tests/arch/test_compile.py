@@ -98,3 +98,21 @@ def test_pretrain_compile_trains_and_says_it_is_slow_on_cpu(tmp_path, capsys, mo
     assert "compiled encoder measured ~20% slower" in capsys.readouterr().out
     losses = [r["loss"] for r in read_log(out / "log.jsonl")]
     assert len(losses) == 2 and all(3.0 < x < 20.0 for x in losses)
+
+
+def test_what_a_traced_call_would_look_up_is_resolved_when_operators_are_compiled(monkeypatch):
+    """A traced call must only read plans: the fused terms and folds (op.plans) and whether
+    xformers imports (looked up inside a traced step, it was a graph break per call on an
+    H200) are decided when an operator is compiled."""
+    from folnet.ops.backends import attention
+    from folnet.ops.compiler import CompiledOperator
+
+    monkeypatch.setattr(attention, "_xformers", attention._UNRESOLVED)
+    op = CompiledOperator(folnet.get_operator("t"), "auto", False,
+                          (("D1", 64), ("D2", 16), ("F1", 128), ("F2", 32), ("H", 4),
+                           ("S", 16)))
+    assert attention._xformers is not attention._UNRESOLVED
+    plan = op.plans["fused"]
+    assert set(plan.fold) == {"kernel", "premise"} and len(plan.terms) == 16
+    assert all(t.path is not None for terms in plan.terms.values() for t in terms
+               if t.equation.count(",") >= 2)

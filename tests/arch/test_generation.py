@@ -107,6 +107,66 @@ def test_cached_steps_compute_one_row(kind, monkeypatch):
     assert set(seen) == {(1, 1)}
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder"])
+def test_a_cropped_session_continues_as_recomputation(kind):
+    """Candidates fed several at once (what assisted decoding verifies), the session cropped
+    past the rejected ones, then other tokens: the logits are a full forward's over the kept
+    sequence (rows against a square: rounding apart) and a fresh session's that never saw the
+    dropped tokens."""
+    model = tiny(kind)
+    ids, candidates, other = prompt(), prompt(n=4, seed=1), prompt(n=3, seed=2)
+    pad = torch.ones_like(ids, dtype=torch.bool)
+    pad[1, :2] = False  # row 1 left-padded
+    start = torch.zeros(2, 1, dtype=torch.long)  # the encoder-decoder's first decoder token
+    begin = ((lambda: model.begin(ids, pad)) if kind == "decoder" else
+             (lambda: model.begin(ids, pad, start)))
+    with torch.no_grad():
+        _, session = begin()  # room for 10 or 6 positions: the candidates make it grow
+        kept = session.length + 1
+        session.step(candidates)  # (2, 4) at once
+        session.crop(kept)  # the first candidate accepted, three rejected
+        got = session.step(other)  # (2, 3, V)
+        _, fresh = begin()
+        fresh.step(candidates[:, :1])
+        want = fresh.step(other)
+        if kind == "decoder":
+            seq = torch.cat([ids, candidates[:, :1], other], 1)
+            mask = torch.cat([pad, torch.ones(2, 4, dtype=torch.bool)], 1)
+            full = model(seq, attention_mask=mask).logits[:, -3:]
+        else:
+            dec = torch.cat([start, candidates[:, :1], other], 1)
+            full = model(ids, dec, attention_mask=pad).logits[:, -3:]
+    assert session.length == fresh.length == kept + 3
+    assert_close(got, want, rtol=0, atol=1e-5, what=f"cropped {kind} session against a fresh one")
+    assert_close(got, full, rtol=0, atol=1e-5, what=f"cropped {kind} session against a forward")
+
+
+def test_crop_keeps_what_a_step_cannot_recompute():
+    """A crop may not drop an encoder-decoder's inputs (not tokens) nor a PrefixLM's prefix,
+    each counted from its row's first real token (its rows see each other both ways)."""
+    ed = tiny("encoder-decoder", "j.a")
+    with torch.no_grad():
+        _, session = ed.begin(prompt(), None, torch.zeros(2, 1, dtype=torch.long))
+    session.crop(5)  # the inputs alone: the decoder start token fed again next
+    assert session.length == 5
+    with pytest.raises(folnet.FolnetError, match=r"crop: length must be an integer >= 5 \(the "
+                                                 r"positions a step cannot recompute"):
+        session.crop(4)
+    model = tiny("decoder", "j.a")
+    pad = torch.ones(2, 5, dtype=torch.bool)
+    pad[1, :2] = False
+    with torch.no_grad():
+        _, session = model.begin(prompt(), pad, torch.tensor([3, 2]))
+        session.step(prompt(n=2))
+    with pytest.raises(folnet.FolnetError, match=r"integer >= 4 .* got 3"):
+        session.crop(3)  # row 1's prefix: 2 pads + 2 tokens
+    with pytest.raises(folnet.FolnetError, match=r"got 4.5"):
+        session.crop(4.5)
+    session.crop(4)
+    assert session.length == 4
+
+
 def test_eos_stops_and_pads():
     model, x = tiny("decoder"), prompt(B=1)
     free = model.generate(x, 8)

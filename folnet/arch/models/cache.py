@@ -28,6 +28,16 @@ import torch
 
 from folnet.arch.layer import DualStreamLayer
 from folnet.arch.layer.domain import ContextHook, Domain
+from folnet.tracing import traced
+
+
+def _sized(t: torch.Tensor | None, *dims: int) -> torch.Tensor | None:
+    """``t`` with its capacity dimensions ``dims`` marked dynamic for torch.compile: a step
+    compiled before the cache grows then serves after it (a mark, no copy; eager ignores it).
+    A trace cannot mark (a buffer made by a traced step has symbolic sizes already)."""
+    if t is not None and not traced():
+        torch._dynamo.maybe_mark_dynamic(t, dims)
+    return t
 
 
 class GenerationCache:
@@ -36,25 +46,31 @@ class GenerationCache:
     def __init__(self, layers: Sequence[DualStreamLayer], *, batch: int, capacity: int,
                  visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
                  rel_ids: torch.Tensor | None, dtype: torch.dtype, device: torch.device):
-        self.capacity = capacity
         self.batch = batch
         self.length = 0  # positions whose context channels are stored
-        self.visible = visible  # (B|1, capacity, capacity) bool
-        self.pad = pad  # (B, capacity) bool, or None
-        self.positions = positions  # (B|1, capacity) the atoms' position of each row
-        self.rel_ids = rel_ids  # (B|1, capacity, capacity) long, or None without RPE
+        self.facts(visible, pad, positions, rel_ids)
         self.ctx_u: list[torch.Tensor | None] = []
         self.ctx_b: list[torch.Tensor | None] = []
         for layer in layers:
-            self.ctx_u.append(torch.zeros(batch, capacity, layer.width_u, dtype=dtype,
-                                          device=device) if layer.width_u else None)
-            self.ctx_b.append(torch.zeros(batch, layer.width_b, capacity, capacity, dtype=dtype,
-                                          device=device) if layer.width_b else None)
+            self.ctx_u.append(_sized(torch.zeros(batch, capacity, layer.width_u, dtype=dtype,
+                                                 device=device), 1) if layer.width_u else None)
+            self.ctx_b.append(_sized(torch.zeros(batch, layer.width_b, capacity, capacity,
+                                                 dtype=dtype, device=device), 2, 3)
+                              if layer.width_b else None)
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold: read from them, so that under torch.compile it is the
+        buffers' symbolic size, not a number a compiled step would be specialised on."""
+        return self.visible.shape[-1]
 
     def facts(self, visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
               rel_ids: torch.Tensor | None) -> None:
         """Set the domain's static facts, sized for the capacity."""
-        self.visible, self.pad, self.positions, self.rel_ids = visible, pad, positions, rel_ids
+        self.visible = _sized(visible, 1, 2)  # (B|1, capacity, capacity) bool
+        self.pad = _sized(pad, 1)  # (B, capacity) bool, or None
+        self.positions = _sized(positions, 1)  # (B|1, capacity) the atoms' position of each row
+        self.rel_ids = _sized(rel_ids, 1, 2)  # (B|1, capacity, capacity) long, or None (no RPE)
 
     def grow(self, capacity: int, visible: torch.Tensor, pad: torch.Tensor | None,
              positions: torch.Tensor, rel_ids: torch.Tensor | None) -> None:
@@ -64,13 +80,12 @@ class GenerationCache:
         old = self.capacity
         for i, t in enumerate(self.ctx_u):
             if t is not None:  # (B, cap, Wu)
-                self.ctx_u[i] = t.new_zeros(t.shape[0], capacity, t.shape[2])
+                self.ctx_u[i] = _sized(t.new_zeros(t.shape[0], capacity, t.shape[2]), 1)
                 self.ctx_u[i][:, :old] = t
         for i, t in enumerate(self.ctx_b):
             if t is not None:  # (B, Wb, cap, cap)
-                self.ctx_b[i] = t.new_zeros(*t.shape[:2], capacity, capacity)
+                self.ctx_b[i] = _sized(t.new_zeros(*t.shape[:2], capacity, capacity), 2, 3)
                 self.ctx_b[i][:, :, :old, :old] = t
-        self.capacity = capacity
         self.facts(visible, pad, positions, rel_ids)
 
     def reorder(self, index: torch.Tensor) -> None:

@@ -146,7 +146,19 @@ class FolnetDecoderLM(TextModel):
                                 dtype=self.lm.bias.dtype, device=ids.device)
         u1 = self._prefix_run(ids, cache, store=True, record=record)
         cache.length = T0
-        return self.lm(u1), Session(self, cache, facts, rows)
+        return self.lm(u1), Session(self, cache, facts, rows, floor=self._prefix_end)
+
+    @staticmethod
+    def _prefix_end(rows: dict[str, torch.Tensor | None]) -> int:
+        """Where the last PrefixLM prefix ends in the domain (each counted from its row's
+        first real token): a crop keeps the positions before, whose rows see each other
+        both ways (a row stepped again would change the rows before it)."""
+        prefix, pad = rows["prefix"], rows["pad"]
+        if prefix is None:
+            return 0
+        if pad is not None:  # (B,) + the pads before each row's first real token
+            prefix = prefix + pad.to(torch.int8).argmax(dim=1)
+        return int(prefix.max())
 
     def _prefix_run(self, ids: torch.Tensor, cache: GenerationCache, *, store: bool,
                     record: Record | None = None) -> torch.Tensor:

@@ -269,4 +269,4 @@ class FolnetEncoderDecoder(TextModel):
         for i, layer in enumerate(self.decoder_layers):
             cache.write(i, 0, *layer.cross_context(e1, e2))
         first = self.lm(self.step_rows(cache, start, N, record))
-        return first, Session(self, cache, self._facts, rows)
+        return first, Session(self, cache, self._facts, rows, floor=N)

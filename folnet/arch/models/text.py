@@ -34,11 +34,27 @@ class Session:
     ``step(tokens)`` appends tokens (B, k) to every row and returns their next-token logits
     (B, k, V), each new token costing one row per layer; the cache doubles when full, so a
     caller need not know the final length (transformers' generate does not say).
-    ``reorder(index)`` keeps the batch rows ``index`` in that order (beam search)."""
+    ``reorder(index)`` keeps the batch rows ``index`` in that order (beam search);
+    ``crop(length)`` forgets the positions from ``length`` on (assisted decoding drops the
+    candidate tokens the model rejected). ``floor`` positions can never be forgotten: an
+    encoder-decoder's inputs (not tokens a step could feed again) and a PrefixLM's prompt (its
+    rows see each other both ways, so a row stepped again would change the rows before it)."""
 
     def __init__(self, model: TextModel, cache: GenerationCache, facts: Facts,
-                 rows: dict[str, torch.Tensor | None]):
+                 rows: dict[str, torch.Tensor | None], *,
+                 floor: int | Callable[[dict[str, torch.Tensor | None]], int] = 0):
         self.model, self.cache, self.facts, self.rows = model, cache, facts, rows
+        self._floor_of, self._floor = floor, None
+
+    @property
+    def floor(self) -> int:
+        """Positions a crop keeps: given, or computed from the rows when first asked after
+        they were last reordered, so that only a generation that crops reads values on the
+        host."""
+        if self._floor is None:
+            of = self._floor_of
+            self._floor = of(self.rows) if callable(of) else of
+        return self._floor
 
     @property
     def length(self) -> int:
@@ -46,17 +62,33 @@ class Session:
         return self.cache.length
 
     def step(self, tokens: torch.Tensor, record: Record | None = None) -> torch.Tensor:
+        """Append ``tokens`` (B, k) to every row: their next-token logits (B, k, V). The cache
+        keeps a free position after the last one: a view of every buffer row would have other
+        strides than the views before it, and torch.compile would compile the step again."""
         n = self.cache.length + tokens.shape[1]
-        if n > self.cache.capacity:
-            capacity = max(n, 2 * self.cache.capacity)
+        if n >= self.cache.capacity:
+            capacity = max(n + 1, 2 * self.cache.capacity)
             self.cache.grow(capacity, *self.facts(capacity, self.rows))
         return self.model.lm(self.model.step_rows(self.cache, tokens, self.cache.length,
                                                   record))
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (``floor <= length``): the next step continues
+        as a session that never saw the others. Nothing is cleared or copied: a step writes
+        every context row from its start on (the binary ones over all their columns), and a
+        kept row's binary columns after ``length`` are zero (a causal row does not see them),
+        so no forgotten value is ever read."""
+        if isinstance(length, bool) or not isinstance(length, int) or length < self.floor:
+            raise FolnetError(f"crop: length must be an integer >= {self.floor} (the positions "
+                              f"a step cannot recompute: an encoder-decoder's inputs, a "
+                              f"PrefixLM's prompt), got {length!r}")
+        self.cache.length = min(length, self.cache.length)
 
     def reorder(self, index: torch.Tensor) -> None:
         batch = self.cache.batch
         self.rows = {k: v if v is None or v.shape[0] != batch else v.index_select(0, index)
                      for k, v in self.rows.items()}
+        self._floor = None  # the floor of the rows kept
         self.cache.reorder(index)
 
 

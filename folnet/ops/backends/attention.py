@@ -8,7 +8,6 @@ computes exactly ``softmax_a(K) . v`` (docs/design.md section 6).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 from dataclasses import dataclass
@@ -114,12 +113,22 @@ class SdpaBackend(Backend):
         return _from_attention(spec, layout, out, shapes)
 
 
-@functools.lru_cache(maxsize=1)
+_UNRESOLVED = object()
+_xformers: object = _UNRESOLVED  # xformers.ops, None when it cannot be imported
+
+
 def _xformers_ops():
-    try:
-        return importlib.import_module("xformers.ops")
-    except Exception:  # ImportError, or a broken build raising at import time
-        return None
+    """xformers.ops, or None; looked up once and kept in a module variable. Why not an
+    lru_cache: dynamo traces through one, and a first look-up inside a traced call imports a
+    module there (a graph break per call, seen on an H200); `XformersBackend.plan` looks it up
+    when an operator is compiled, so a traced call only reads the variable."""
+    global _xformers
+    if _xformers is _UNRESOLVED:
+        try:
+            _xformers = importlib.import_module("xformers.ops")
+        except Exception:  # ImportError, or a broken build raising at import time
+            _xformers = None
+    return _xformers
 
 
 class XformersBackend(Backend):
@@ -138,6 +147,10 @@ class XformersBackend(Backend):
 
     def why_not_spec(self, spec, causal):
         return SdpaBackend().why_not_spec(spec, causal)
+
+    def plan(self, spec, causal, dims):
+        _xformers_ops()  # resolved now, while nothing is traced
+        return None
 
     def run(self, op, kernel, premise, pad, *, order, dropout_p, premasked=frozenset()):
         spec = op.spec
