@@ -13,7 +13,8 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators lint setup clean
+.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators lint setup clean \
+	kinship-fixture
 
 setup: $(VENV)/.installed
 
@@ -80,6 +81,15 @@ demo: setup
 # Its second part: the six-row operator ablation (folnet/specs/ablations/demo.toml, about 11 minutes).
 demo-operators: setup
 	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo-operators
+
+# The stored start of tests/train/test_kinship_finetune.py: the shipped kinship-tiny pretraining
+# (800 steps, ~1.5 minutes), its model directory and its run_config.json as recipe.json.
+kinship-fixture: setup
+	rm -rf .kinship-fixture tests/fixtures/kinship-pretrained
+	$(PY) -m folnet pretrain --config kinship-tiny --no-progress --out .kinship-fixture
+	cp -r .kinship-fixture/final tests/fixtures/kinship-pretrained
+	cp .kinship-fixture/run_config.json tests/fixtures/kinship-pretrained/recipe.json
+	rm -rf .kinship-fixture
 
 lint: setup
 	$(PY) -m ruff check folnet tests benchmarks
