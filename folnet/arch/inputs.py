@@ -15,13 +15,15 @@ import torch
 
 from folnet.arch.config import ModelConfig
 from folnet.errors import FolnetError
+from folnet.ops.kernels.functorch import vmap_active
 from folnet.tracing import traced
 
 
 def values_checked(tensor: torch.Tensor, validate: bool | None = None) -> bool:
     """Whether this call checks input values: ``validate`` when given, else on the CPU only;
-    never while torch.compile or torch.export traces (the checks read values)."""
-    if traced():
+    never while torch.compile or torch.export traces, nor under torch.func.vmap (the checks
+    read values, which a batched tensor does not hand out)."""
+    if traced() or vmap_active():
         return False
     return validate if validate is not None else tensor.device.type == "cpu"
 

@@ -225,9 +225,8 @@ def _model(name: str, dtype=torch.float64):
                                head="classification" if kind == "encoder" else None)
     if memory == "blocked":
         folnet.set_memory(model, "blocked", block_rows=4)
-    # folnet's input value checks read values (ids in range: int(ids.max())), which vmap
-    # cannot; validate=False skips them
-    model.validate = False
+    # (folnet's input value checks read values, int(ids.max()), which a batched tensor does
+    # not hand out: they are skipped under vmap, as while tracing, with validate left as is)
     return model.to(dtype).eval(), kind
 
 
