@@ -63,7 +63,7 @@ def measure(case: dict) -> dict:
     if not case.get("as_built"):
         model.gather_mlm, model.relations = True, False  # as pretraining runs it
     elif case.get("relations"):
-        model.relations = True  # the final binary stream asked for (the default before issue 27)
+        model.relations = True  # the final binary stream asked for (earlier versions' default)
     if case["checkpointing"]:
         model.set_activation_checkpointing(True)
     if mode == "baseline":  # what the released code materialises, op by op

@@ -9,7 +9,7 @@ from its heap and to keep freed memory for reuse. Freed memory is then not retur
 operating system until the process ends -- right for a training or benchmark process, which is
 why the CLI commands call it and the library does not do it on import.
 
-Long sequences are the exception. From `folnet.arch.memory.AUTO_MIN_T` tokens on the layers
+Long sequences are the exception. From `folnet.arch.layer.memory.AUTO_MIN_T` tokens on the layers
 run in row blocks: few large tensors (the binary stream, B x T x T x D2), many small per-block
 ones, and on one heap the small ones settle into the holes the large ones leave, so the heap
 grew to 2-3x the tensors alive at once (small preset, T = 512, batch 2: 1,739 MiB of heap for

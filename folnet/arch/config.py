@@ -231,7 +231,8 @@ OVERRIDES = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "vocab_
 
 
 def preset(name: str) -> dict[str, Any]:
-    """The fields of a size preset (``folnet/specs/models/NAME.toml``)."""
+    """Every overridable field of a size preset: `ModelConfig`'s defaults (FOLNet-Base, written
+    only there) under what ``folnet/specs/models/NAME.toml`` changes."""
     path = read_files.specs_dir() / "models" / f"{name}.toml"
     if not path.is_file():
         available = sorted(p.stem for p in path.parent.glob("*.toml"))
@@ -240,7 +241,8 @@ def preset(name: str) -> dict[str, Any]:
     unknown = sorted(set(data) - set(OVERRIDES))
     if unknown:
         raise FolnetError(f"{path}: unknown key(s) {unknown}; allowed: {list(OVERRIDES)}")
-    return data
+    defaults = ModelConfig()
+    return {**{key: getattr(defaults, key) for key in OVERRIDES}, **data}
 
 
 def make_config(ops: str, *, preset_name: str = "base", kind: str = "encoder",

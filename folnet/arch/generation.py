@@ -2,7 +2,7 @@
 
 A model prepares a *session*: the logits of the first new token and a ``step(tokens)`` that
 appends one token per row and returns the next logits -- with the incremental cache
-(`folnet.arch.kvcache`) or by recomputing the whole sequence. `decode` runs greedy or sampled
+(`folnet.arch.models.cache`) or by recomputing the whole sequence. `decode` runs greedy or sampled
 decoding on it. Every argument is checked before any computation; faults are `FolnetError`s
 naming the argument and the limit.
 """

@@ -80,7 +80,7 @@ class FolnetOutput(ModelOutput):
     start_logits: torch.Tensor | None = None  # qa
     end_logits: torch.Tensor | None = None  # qa
     mlm_labels: torch.Tensor | None = None  # the labels matching mlm_logits rows when gathered
-    # on request (`folnet.arch.stack.Record`): L + 1 unary states (B, T, D1), the last the
+    # on request (`folnet.arch.layer.stack.Record`): L + 1 unary states (B, T, D1), the last the
     # sequence output; binary states (B, T, T, D2) likewise (with output_relations); per layer
     # {operator: activated softmax kernel}
     hidden_states: tuple[torch.Tensor, ...] | None = None
@@ -109,7 +109,7 @@ class TextOutput(ModelOutput):
 
 
 def recorded(record: Any, prefix: str = "") -> dict[str, Any]:
-    """The output fields a `folnet.arch.stack.Record` filled, as tuples (``prefix``
+    """The output fields a `folnet.arch.layer.stack.Record` filled, as tuples (``prefix``
     "encoder_" for an encoder-decoder's encoder)."""
     if record is None:
         return {}

@@ -204,7 +204,7 @@ class FolnetPreTrainedModel(PreTrainedModel):
 class FolnetModelOutput(ModelOutput):
     """The bare encoder's outputs: final unary atoms, pooled token 0, final binary atoms (with
     ``output_relations=True``), and on request the per-layer states and the softmax operators'
-    activated kernels (`folnet.arch.stack.Record`)."""
+    activated kernels (`folnet.arch.layer.stack.Record`)."""
 
     last_hidden_state: torch.Tensor | None = None  # (B, T, D1)
     pooler_output: torch.Tensor | None = None  # (B, D1)

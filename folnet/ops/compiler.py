@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -29,10 +30,9 @@ from folnet.ops import masks
 from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, Call, Operand
 from folnet.ops.backends.base import activated_kernel
 from folnet.ops.registry import get_operator
-from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
 
 BACKEND_NAMES = ("auto", *BACKENDS)
-ROLES = ("kernel", "premise")
 
 
 def parse_backend(backend: object) -> tuple[str, ...] | None:
@@ -49,6 +49,17 @@ def parse_backend(backend: object) -> tuple[str, ...] | None:
             raise FolnetError(f"backend {name!r} is unknown; use {choices(BACKEND_NAMES)} or a "
                               f"comma-separated priority list of {choices(BACKENDS)}")
     return names
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one call runs: the backend chosen for it and the layout ("cl", "cf" or "fold") it
+    wants each of the kernel and premise in. A layer asks its operator for the route
+    (`CompiledOperator.route`), projects the operands as it says and hands it back to
+    `CompiledOperator.run`: the layer talks to its operators, never to their backends."""
+
+    backend: Backend
+    layouts: Mapping[str, str]  # by role
 
 
 class CompiledOperator:
@@ -86,11 +97,19 @@ class CompiledOperator:
         """The backend that runs ``call`` (raises if a forced backend cannot)."""
         return _select(self.spec, self.backend, call)
 
+    def route(self, call: Call) -> Route:
+        """The backend that runs ``call`` and the layouts it wants (`Route`)."""
+        return self.route_by(self.select(call))
+
+    def route_by(self, backend: Backend) -> Route:
+        """The route through ``backend``: how it wants the projected kernel and premise, "cl"
+        (channels last), "cf" (channels first) or "fold" (the stream and the projection
+        weight)."""
+        return Route(backend, {role: backend.layout(self, role) for role in ROLES})
+
     def layouts(self, call: Call) -> dict[str, str]:
-        """How the selected backend wants the projected kernel and premise: "cl" (channels
-        last), "cf" (channels first) or "fold" (the stream and the projection weight)."""
-        backend = self.select(call)
-        return {role: backend.layout(self, role) for role in ROLES}
+        """How the selected backend wants the projected kernel and premise (`route`)."""
+        return dict(self.route(call).layouts)
 
     def explain(self, kernel: torch.Tensor, premise: torch.Tensor,
                 mask: torch.Tensor | None = None, *, rows: torch.Tensor | None = None) -> str:
@@ -110,17 +129,17 @@ class CompiledOperator:
     # -- the layer's entry -----------------------------------------------------------------------
     def run(self, kernel: Operand, premise: Operand, pad: torch.Tensor | None, *,
             order: masks.Visibility | None, dropout_p: float = 0.0,
-            premasked: frozenset[str] = frozenset(), backend: Backend | None = None
+            premasked: frozenset[str] = frozenset(), route: Route | None = None
             ) -> torch.Tensor:
-        """Contract operands already laid out as ``layouts`` asked (no checks: a model's layer
+        """Contract operands already laid out as ``route`` asked (no checks: a model's layer
         calls this with tensors it built). Returns the output laid out as the spec's."""
-        if backend is None:
+        if route is None:
             t = kernel.tensor
-            backend = self.select(self.call(
+            route = self.route(self.call(
                 t, padded=pad is not None, rows=order is not None and order.rows is not None,
                 requires_grad=t.requires_grad or premise.tensor.requires_grad))
-        return backend.run(self, kernel, premise, pad, order=order, dropout_p=dropout_p,
-                           premasked=premasked)
+        return route.backend.run(self, kernel, premise, pad, order=order, dropout_p=dropout_p,
+                                 premasked=premasked)
 
     def probabilities(self, kernel: Operand, pad: torch.Tensor | None, *,
                       order: masks.Visibility | None,
@@ -167,7 +186,7 @@ class CompiledOperator:
                          requires_grad=kernel.requires_grad or premise.requires_grad)
         return self.run(Operand(kernel, self.spec.kernel), Operand(premise, self.spec.premise),
                         mask, order=order, dropout_p=float(dropout_p),
-                        premasked=frozenset(premasked), backend=self.select(call))
+                        premasked=frozenset(premasked), route=self.route(call))
 
     def rows(self, kernel: torch.Tensor, premise: torch.Tensor, *, rows: torch.Tensor,
              visible: torch.Tensor | None = None, mask: torch.Tensor | None = None,

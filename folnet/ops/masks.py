@@ -31,8 +31,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 
-from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec, parse_spec, spec_to_dict
+from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec, parse_spec, spec_to_dict
 from folnet.tracing import traced
 
 
@@ -107,14 +108,9 @@ class Visibility:
 def pair_keep(idx: tuple[str, ...], row: str, col: str, keep: torch.Tensor) -> torch.Tensor:
     """A bool tensor broadcastable to a batch-first tensor laid out as ``idx`` that keeps the
     pairs (row, col) that ``keep`` ((B|1, R, C), keep[row, col]) allows."""
-    i, j = idx.index(row), idx.index(col)
-    if i > j:
-        keep = keep.transpose(1, 2)
-        i, j = j, i
-    shape = [keep.shape[0]] + [1] * len(idx)
-    shape[1 + i] = keep.shape[1]
-    shape[1 + j] = keep.shape[2]
-    return keep.reshape(shape)
+    # (B|1, R, C) -> (B|1, ...) with R and C at their letters' places, 1 at every other
+    return rearrange(keep, f"batch {row} {col} -> batch "
+                     + " ".join(c if c in (row, col) else "1" for c in idx))
 
 
 def kernel_keep(spec: OperatorSpec, kidx: tuple[str, ...], *, order: Visibility | None,
@@ -132,10 +128,9 @@ def kernel_keep(spec: OperatorSpec, kidx: tuple[str, ...], *, order: Visibility 
         k2 = pair_keep(kidx, row, col, order.pair(row, col))
         keep = k2 if keep is None else keep & k2
     if pad is not None and reduces_over_tokens(spec):
-        shape = [1] * (len(kidx) + 1)
-        shape[0] = pad.shape[0]
-        shape[1 + kidx.index(spec.rdim)] = pad.shape[1]
-        p = pad.reshape(shape)
+        # (B, n) -> (B, ...) with n at the reduced letter's place
+        p = rearrange(pad, f"batch {spec.rdim} -> batch "
+                      + " ".join(c if c == spec.rdim else "1" for c in kidx))
         keep = p if keep is None else keep & p
     return keep
 
@@ -159,7 +154,7 @@ def causal_form(spec: OperatorSpec) -> OperatorSpec:
     q = query_letter(spec)
     data = spec_to_dict(spec)
     changed = []
-    for role in ("kernel", "premise"):
+    for role in ROLES:
         toks = spec.tokens(role)
         if len(toks) == 2 and toks[1] == q:
             idx = list(spec.tensor(role))

@@ -10,13 +10,18 @@ Token letters say which stream positions a tensor is indexed by (one for the una
 row then column -- for the binary stream); channel letters say how the projected channels are
 viewed. The typing ``OUT <- KERNEL x PREMISE`` fixes which stream each of them comes from.
 Everything here is plain data: parsing a spec never touches torch.
+
+`parse_spec` is a row of small checkers, one per rule, in a fixed order (the first fault found
+is the one reported); a checker raises `_Fault` with the field it is about, and `parse_spec`
+adds the operator's name. The fields a spec table may hold, and their defaults, are those of
+the `OperatorSpec` dataclass.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from folnet.errors import FolnetError, choices
 from folnet.ops.sizes import channel_sizes, check_expression, evaluate_scale
@@ -24,13 +29,27 @@ from folnet.ops.sizes import channel_sizes, check_expression, evaluate_scale
 TOKEN_LETTERS = ("x", "y", "a")
 CHANNEL_LETTERS = ("h", "s", "w")
 LETTERS = TOKEN_LETTERS + CHANNEL_LETTERS
+#: An operator's two inputs, projected from the streams, in the order every layout stores them
+#: (kernel before premise); the only tensors a causal ``mask`` may name.
+ROLES = ("kernel", "premise")
+#: Every tensor a spec gives an index list: the two inputs and the output.
+TENSORS = (*ROLES, "output")
 ACTIVATIONS = ("identity", "softmax")
-MASKABLE = ("kernel", "premise")
 REALISATIONS = ("einsum", "ffn")
 ARITY = {"U": 1, "B": 2}
 DEFAULT_SIZES = {"h": "H", "s": "S", "w": "S"}
 
 _TYPING_RE = re.compile(r"^\s*([UB])\s*(?:<-|←)\s*([UB])\s*[x×*]\s*([UB])\s*$")
+
+
+class _Fault(Exception):
+    """A broken rule: the field it is about and what was expected (`parse_spec` names the
+    operator in front)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -41,21 +60,33 @@ class Typing:
     kernel: str
     premise: str
 
+    def side(self, tensor: str) -> str:
+        """The stream (``'U'`` or ``'B'``) of ``'kernel'``, ``'premise'`` or ``'output'``."""
+        if tensor not in TENSORS:
+            raise KeyError(tensor)
+        return getattr(self, tensor)
+
     def __str__(self) -> str:
         return f"{self.output} <- {self.kernel} x {self.premise}"
 
 
-def parse_typing(text: str, *, where: str = "typing") -> Typing:
-    """Parse ``"U <- B x U"`` (also ``U<-BxU`` and ``U ← B × U``)."""
+def _typing(text: object) -> Typing:
     if not isinstance(text, str):
-        raise FolnetError(f"{where}: expected a string like 'U <- B x U', got {text!r}")
+        raise _Fault("typing", f"expected a string like 'U <- B x U', got {text!r}")
     match = _TYPING_RE.match(text)
     if match is None:
-        raise FolnetError(
-            f"{where}: cannot parse {text!r}; expected 'OUT <- KERNEL x PREMISE' with each of "
-            "OUT, KERNEL, PREMISE one of 'U' (unary) or 'B' (binary), e.g. 'U <- B x U'"
-        )
+        raise _Fault("typing",
+                     f"cannot parse {text!r}; expected 'OUT <- KERNEL x PREMISE' with each of "
+                     "OUT, KERNEL, PREMISE one of 'U' (unary) or 'B' (binary), e.g. 'U <- B x U'")
     return Typing(*match.groups())
+
+
+def parse_typing(text: str, *, where: str = "typing") -> Typing:
+    """Parse ``"U <- B x U"`` (also ``U<-BxU`` and ``U ← B × U``)."""
+    try:
+        return _typing(text)
+    except _Fault as fault:
+        raise FolnetError(f"{where}: {fault.message}") from None
 
 
 @dataclass(frozen=True)
@@ -98,11 +129,11 @@ class OperatorSpec:
 
     def stream(self, role: str) -> str:
         """Which stream (``'U'`` or ``'B'``) a kernel, premise or output lives on."""
-        return {
-            "kernel": self.typing.kernel,
-            "premise": self.typing.premise,
-            "output": self.typing.output,
-        }[role]
+        return self.typing.side(role)
+
+    def projection(self, role: str) -> Projection:
+        """How the ``'kernel'`` or the ``'premise'`` is projected from its stream."""
+        return {"kernel": self.kernel_proj, "premise": self.premise_proj}[role]
 
     def tokens(self, role: str) -> tuple[str, ...]:
         return tuple(c for c in self.tensor(role) if c in TOKEN_LETTERS)
@@ -134,46 +165,176 @@ class OperatorSpec:
         return f"{self.symbol} ({self.name}): {self.typing}, {self.formula}"
 
 
-# -- parsing and validation --------------------------------------------------------------------
+# -- parsing and validation: one checker per rule ----------------------------------------------
 
-_FIELDS = {
-    "symbol", "name", "typing", "kernel", "premise", "output", "bdim", "rdim", "activation",
-    "mask", "sizes", "kernel_proj", "premise_proj", "realisation", "kernel_dropout", "remark",
-}
-_REQUIRED = ("symbol", "name", "typing", "kernel", "premise", "output", "bdim", "rdim")
+#: The fields a spec table may hold, those it must hold, and the defaults of the others: all
+#: read from `OperatorSpec`.
+FIELDS = tuple(f.name for f in fields(OperatorSpec))
+REQUIRED = tuple(f.name for f in fields(OperatorSpec)
+                 if f.default is MISSING and f.default_factory is MISSING)
+_DEFAULTS = {f.name: f.default if f.default_factory is MISSING else f.default_factory()
+             for f in fields(OperatorSpec) if f.name not in REQUIRED}
 
 
-def _letters(value: object, *, fail) -> tuple[str, ...]:
+def _label(data: Mapping[str, object]) -> str:
+    """How messages name the operator: ``operator 'j' (join)``, as far as ``data`` says."""
+    label = f"operator {data.get('symbol', '?')!r}"
+    return label + f" ({data['name']})" if "name" in data else label
+
+
+def _check_fields(data: Mapping[str, object], label: str) -> None:
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise FolnetError(f"{label}: unknown field(s) {unknown}; known fields: {sorted(FIELDS)}")
+    for key in REQUIRED:
+        if key not in data:
+            raise FolnetError(f"{label}: missing required field {key!r}")
+
+
+def _symbol(value: object) -> str:
+    if not (isinstance(value, str) and len(value) == 1 and value.isalpha() and value.islower()):
+        raise _Fault("symbol", f"expected one lowercase letter, got {value!r}")
+    return value
+
+
+def _name(value: object) -> str:
+    if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value)):
+        raise _Fault("name", f"expected an identifier, got {value!r}")
+    return value
+
+
+def _index_list(tensor: str, value: object) -> tuple[str, ...]:
+    """``'x a h'``, ``'xah'``, ``'x,a,h'`` or a sequence of letters, as a tuple of letters."""
     if isinstance(value, str):
         text = value.replace(",", " ")
         parts = text.split() if " " in text.strip() else list(text.strip())
     elif isinstance(value, Iterable):
         parts = list(value)
     else:
-        fail(f"expected an index list like 'x a h', got {value!r}")
+        raise _Fault(tensor, f"expected an index list like 'x a h', got {value!r}")
     if not all(isinstance(p, str) and len(p) == 1 for p in parts):
-        fail(f"expected single index letters, got {value!r}")
+        raise _Fault(tensor, f"expected single index letters, got {value!r}")
     return tuple(parts)
 
 
-def _projection(value: object, *, fail) -> Projection:
+def _check_index_list(tensor: str, idx: tuple[str, ...], typing: Typing) -> None:
+    """Known letters, none twice, and as many token letters as the typing's side has."""
+    bad = [c for c in idx if c not in LETTERS]
+    if bad:
+        raise _Fault(tensor, f"unknown index letter(s) {bad}; use tokens "
+                             f"{choices(TOKEN_LETTERS)} and channels {choices(CHANNEL_LETTERS)}")
+    if len(set(idx)) != len(idx):
+        raise _Fault(tensor, f"index list {' '.join(idx)!r} repeats a letter")
+    side = typing.side(tensor)
+    ntok = sum(c in TOKEN_LETTERS for c in idx)
+    if ntok != ARITY[side]:
+        raise _Fault(tensor, f"typing {typing} makes the {tensor} "
+                             f"{'unary' if side == 'U' else 'binary'} ({ARITY[side]} token "
+                             f"index), but {' '.join(idx)!r} has {ntok}")
+
+
+def _letter(key: str, value: object) -> str:
+    if not (isinstance(value, str) and value in LETTERS):
+        raise _Fault(key, f"expected one index letter of {choices(LETTERS)}, got {value!r}")
+    return value
+
+
+def _check_dims(lists: Mapping[str, tuple[str, ...]], rdim: str, bdim: str) -> None:
+    """The R-dim is in both inputs and not in the output; the B-dim is in all three."""
+    kernel, premise, output = (" ".join(lists[t]) for t in TENSORS)
+    if rdim not in lists["kernel"] or rdim not in lists["premise"] or rdim in lists["output"]:
+        raise _Fault("rdim", f"{rdim!r} must appear in the kernel ({kernel!r}) and the premise "
+                             f"({premise!r}) and not in the output ({output!r})")
+    if not all(bdim in lists[t] for t in TENSORS):
+        raise _Fault("bdim", f"{bdim!r} must appear in the kernel ({kernel!r}), the premise "
+                             f"({premise!r}) and the output ({output!r})")
+
+
+def _check_reduction(lists: Mapping[str, tuple[str, ...]], rdim: str) -> None:
+    """Every output letter comes from an input, and the R-dim is the only letter summed out."""
+    inputs = set(lists["kernel"]) | set(lists["premise"])
+    missing = [c for c in lists["output"] if c not in inputs]
+    if missing:
+        raise _Fault("output", f"index letter(s) {missing} appear in no input; every output "
+                               "index must come from the kernel or the premise")
+    stray = sorted(c for c in inputs if c not in lists["output"] and c != rdim)
+    if stray:
+        raise _Fault("rdim", f"letter(s) {stray} are summed out but are not the R-dim {rdim!r}; "
+                             "an operator reduces over exactly one index")
+
+
+def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise _Fault(key, f"expected {choices(allowed)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _mask(value: object, typing: Typing, lists: Mapping[str, tuple[str, ...]]
+          ) -> tuple[str, ...]:
+    """The inputs a causal model masks: binary ones of `ROLES`, each once."""
+    if isinstance(value, str):
+        value = (value,) if value else ()
+    mask = tuple(value)  # type: ignore[arg-type]
+    for role in mask:
+        if role not in ROLES:
+            raise _Fault("mask", f"expected a list of {choices(ROLES)}, got {role!r}")
+        if ARITY[typing.side(role)] != 2:
+            raise _Fault("mask", f"a causal mask applies to binary tensors only; the {role} "
+                                 f"({' '.join(lists[role])!r}) is unary")
+    if len(set(mask)) != len(mask):
+        raise _Fault("mask", f"repeated entry in {list(mask)}")
+    return mask
+
+
+def _sizes(value: object, lists: Mapping[str, tuple[str, ...]]) -> tuple[tuple[str, str], ...]:
+    """Each channel letter used, with its size expression (given, else `DEFAULT_SIZES`)."""
+    given = value or {}
+    if not isinstance(given, Mapping):
+        raise _Fault("sizes", f"expected a table letter -> size expression, got {given!r}")
+    for letter, expr in given.items():
+        if letter not in CHANNEL_LETTERS:
+            raise _Fault("sizes", f"{letter!r} is not a channel letter; use "
+                                  f"{choices(CHANNEL_LETTERS)}")
+        try:
+            check_expression(str(expr))
+        except FolnetError as exc:
+            raise _Fault("sizes", f"{letter}: {exc}") from None
+    used = {c for t in TENSORS for c in lists[t]}
+    return tuple((c, str(given.get(c, DEFAULT_SIZES[c]))) for c in CHANNEL_LETTERS if c in used)
+
+
+def _flag(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Fault(key, f"expected true or false, got {value!r}")
+    return value
+
+
+def _text(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise _Fault(key, f"expected a string, got {value!r}")
+    return value
+
+
+def _projection(key: str, value: object) -> Projection:
+    """A ``{bias, scale}`` table (missing: `Projection`'s defaults)."""
     if value is None:
         return Projection()
     if isinstance(value, Projection):
         return value
     if not isinstance(value, Mapping):
-        fail(f"expected a table with 'bias' and 'scale', got {value!r}")
+        raise _Fault(key, f"expected a table with 'bias' and 'scale', got {value!r}")
     unknown = set(value) - {"bias", "scale"}
     if unknown:
-        fail(f"unknown key(s) {sorted(unknown)}; expected {choices(['bias', 'scale'])}")
+        raise _Fault(key, f"unknown key(s) {sorted(unknown)}; expected "
+                          f"{choices(['bias', 'scale'])}")
     bias = value.get("bias", True)
     if not isinstance(bias, bool):
-        fail(f"'bias' must be true or false, got {bias!r}")
+        raise _Fault(key, f"'bias' must be true or false, got {bias!r}")
     scale = str(value.get("scale", "1"))
     try:
         check_expression(scale)
     except FolnetError as exc:
-        fail(f"'scale': {exc}")
+        raise _Fault(key, f"'scale': {exc}") from None
     return Projection(bias=bias, scale=scale)
 
 
@@ -184,147 +345,40 @@ def parse_spec(data: Mapping[str, object]) -> OperatorSpec:
     """
     if not isinstance(data, Mapping):
         raise FolnetError(f"an operator spec must be a table of fields, got {type(data).__name__}")
-    label = f"operator {data.get('symbol', '?')!r}"
-    if "name" in data:
-        label += f" ({data['name']})"
-
-    def fail(field_name: str):
-        def raise_(message: str):
-            raise FolnetError(f"{label}: field {field_name!r}: {message}")
-
-        return raise_
-
-    unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise FolnetError(f"{label}: unknown field(s) {unknown}; known fields: {sorted(_FIELDS)}")
-    for key in _REQUIRED:
-        if key not in data:
-            raise FolnetError(f"{label}: missing required field {key!r}")
-
-    symbol = data["symbol"]
-    if not (isinstance(symbol, str) and len(symbol) == 1 and symbol.isalpha() and symbol.islower()):
-        fail("symbol")(f"expected one lowercase letter, got {symbol!r}")
-    name = data["name"]
-    if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)):
-        fail("name")(f"expected an identifier, got {name!r}")
-    typing = parse_typing(data["typing"], where=f"{label}: field 'typing'")
-
-    roles = ("kernel", "premise", "output")
-    lists = {role: _letters(data[role], fail=fail(role)) for role in roles}
-    for role, idx in lists.items():
-        bad = [c for c in idx if c not in LETTERS]
-        if bad:
-            fail(role)(f"unknown index letter(s) {bad}; use tokens {choices(TOKEN_LETTERS)} "
-                       f"and channels {choices(CHANNEL_LETTERS)}")
-        if len(set(idx)) != len(idx):
-            fail(role)(f"index list {' '.join(idx)!r} repeats a letter")
-        side = {"kernel": typing.kernel, "premise": typing.premise, "output": typing.output}[role]
-        ntok = sum(c in TOKEN_LETTERS for c in idx)
-        if ntok != ARITY[side]:
-            fail(role)(f"typing {typing} makes the {role} {'unary' if side == 'U' else 'binary'}"
-                       f" ({ARITY[side]} token index), but {' '.join(idx)!r} has {ntok}")
-    kernel, premise, output = lists["kernel"], lists["premise"], lists["output"]
-
-    rdim, bdim = data["rdim"], data["bdim"]
-    for key, letter in (("rdim", rdim), ("bdim", bdim)):
-        if not (isinstance(letter, str) and letter in LETTERS):
-            fail(key)(f"expected one index letter of {choices(LETTERS)}, got {letter!r}")
-    if rdim not in kernel or rdim not in premise or rdim in output:
-        fail("rdim")(f"{rdim!r} must appear in the kernel ({' '.join(kernel)!r}) and the premise "
-                     f"({' '.join(premise)!r}) and not in the output ({' '.join(output)!r})")
-    if bdim not in kernel or bdim not in premise or bdim not in output:
-        fail("bdim")(f"{bdim!r} must appear in the kernel ({' '.join(kernel)!r}), the premise "
-                     f"({' '.join(premise)!r}) and the output ({' '.join(output)!r})")
-    inputs = set(kernel) | set(premise)
-    missing = [c for c in output if c not in inputs]
-    if missing:
-        fail("output")(f"index letter(s) {missing} appear in no input; every output index must "
-                       "come from the kernel or the premise")
-    stray = sorted(c for c in inputs if c not in output and c != rdim)
-    if stray:
-        fail("rdim")(f"letter(s) {stray} are summed out but are not the R-dim {rdim!r}; an "
-                     "operator reduces over exactly one index")
-
-    activation = data.get("activation", "identity")
-    if activation not in ACTIVATIONS:
-        fail("activation")(f"expected {choices(ACTIVATIONS)}, got {activation!r}")
-
-    mask = data.get("mask", ())
-    if isinstance(mask, str):
-        mask = (mask,) if mask else ()
-    mask = tuple(mask)
-    for role in mask:
-        if role not in MASKABLE:
-            fail("mask")(f"expected a list of {choices(MASKABLE)}, got {role!r}")
-        if ARITY[typing.kernel if role == "kernel" else typing.premise] != 2:
-            fail("mask")(f"a causal mask applies to binary tensors only; the {role} "
-                         f"({' '.join(lists[role])!r}) is unary")
-    if len(set(mask)) != len(mask):
-        fail("mask")(f"repeated entry in {list(mask)}")
-
-    sizes_in = data.get("sizes", {}) or {}
-    if not isinstance(sizes_in, Mapping):
-        fail("sizes")(f"expected a table letter -> size expression, got {sizes_in!r}")
-    for letter, expr in sizes_in.items():
-        if letter not in CHANNEL_LETTERS:
-            fail("sizes")(f"{letter!r} is not a channel letter; use {choices(CHANNEL_LETTERS)}")
-        try:
-            check_expression(str(expr))
-        except FolnetError as exc:
-            fail("sizes")(f"{letter}: {exc}")
-    used = [c for c in CHANNEL_LETTERS if c in set(kernel) | set(premise) | set(output)]
-    sizes = tuple((c, str(sizes_in.get(c, DEFAULT_SIZES[c]))) for c in used)
-
-    realisation = data.get("realisation", "einsum")
-    if realisation not in REALISATIONS:
-        fail("realisation")(f"expected {choices(REALISATIONS)}, got {realisation!r}")
-    kernel_dropout = data.get("kernel_dropout", False)
-    if not isinstance(kernel_dropout, bool):
-        fail("kernel_dropout")(f"expected true or false, got {kernel_dropout!r}")
-    remark = data.get("remark", "")
-    if not isinstance(remark, str):
-        fail("remark")(f"expected a string, got {remark!r}")
-
-    return OperatorSpec(
-        symbol=symbol,
-        name=name,
-        typing=typing,
-        kernel=kernel,
-        premise=premise,
-        output=output,
-        bdim=bdim,
-        rdim=rdim,
-        activation=activation,
-        mask=mask,
-        sizes=sizes,
-        kernel_proj=_projection(data.get("kernel_proj"), fail=fail("kernel_proj")),
-        premise_proj=_projection(data.get("premise_proj"), fail=fail("premise_proj")),
-        realisation=realisation,
-        kernel_dropout=kernel_dropout,
-        remark=remark,
-    )
+    label = _label(data)
+    _check_fields(data, label)
+    given = {**_DEFAULTS, **data}
+    try:
+        symbol, name = _symbol(given["symbol"]), _name(given["name"])
+        typing = _typing(given["typing"])
+        lists = {t: _index_list(t, given[t]) for t in TENSORS}
+        for t in TENSORS:
+            _check_index_list(t, lists[t], typing)
+        rdim, bdim = _letter("rdim", given["rdim"]), _letter("bdim", given["bdim"])
+        _check_dims(lists, rdim, bdim)
+        _check_reduction(lists, rdim)
+        return OperatorSpec(
+            symbol=symbol, name=name, typing=typing, **lists, bdim=bdim, rdim=rdim,
+            activation=_one_of("activation", given["activation"], ACTIVATIONS),
+            mask=_mask(given["mask"], typing, lists), sizes=_sizes(given["sizes"], lists),
+            realisation=_one_of("realisation", given["realisation"], REALISATIONS),
+            kernel_dropout=_flag("kernel_dropout", given["kernel_dropout"]),
+            remark=_text("remark", given["remark"]),
+            kernel_proj=_projection("kernel_proj", given["kernel_proj"]),
+            premise_proj=_projection("premise_proj", given["premise_proj"]))
+    except _Fault as fault:
+        raise FolnetError(f"{label}: field {fault.field!r}: {fault.message}") from None
 
 
 def spec_to_dict(spec: OperatorSpec) -> dict[str, object]:
-    """The inverse of `parse_spec`: plain data that a checkpoint can carry."""
-    return {
-        "symbol": spec.symbol,
-        "name": spec.name,
-        "typing": str(spec.typing),
-        "kernel": " ".join(spec.kernel),
-        "premise": " ".join(spec.premise),
-        "output": " ".join(spec.output),
-        "bdim": spec.bdim,
-        "rdim": spec.rdim,
-        "activation": spec.activation,
-        "mask": list(spec.mask),
-        "sizes": dict(spec.sizes),
-        "kernel_proj": {"bias": spec.kernel_proj.bias, "scale": spec.kernel_proj.scale},
-        "premise_proj": {"bias": spec.premise_proj.bias, "scale": spec.premise_proj.scale},
-        "realisation": spec.realisation,
-        "kernel_dropout": spec.kernel_dropout,
-        "remark": spec.remark,
-    }
+    """The inverse of `parse_spec`: plain data that a checkpoint can carry (one entry per field
+    of `OperatorSpec`, in its order)."""
+    data: dict[str, object] = {f.name: getattr(spec, f.name) for f in fields(OperatorSpec)}
+    data.update({t: " ".join(spec.tensor(t)) for t in TENSORS})
+    data.update({f"{r}_proj": {"bias": spec.projection(r).bias, "scale": spec.projection(r).scale}
+                 for r in ROLES})
+    data.update(typing=str(spec.typing), mask=list(spec.mask), sizes=dict(spec.sizes))
+    return data
 
 
 def check_sizes(spec: OperatorSpec, dims: Mapping[str, int]) -> dict[str, int]:
@@ -338,7 +392,7 @@ def check_sizes(spec: OperatorSpec, dims: Mapping[str, int]) -> dict[str, int]:
     """
     label = f"operator {spec.symbol!r} ({spec.name})"
     sizes = channel_sizes(spec.sizes, dims, symbol=spec.symbol, label=label)
-    for role in ("kernel_proj", "premise_proj"):
-        proj = spec.kernel_proj if role == "kernel_proj" else spec.premise_proj
-        evaluate_scale(proj.scale, dims, what=f"{label}: field {role!r}: 'scale'")
+    for role in ROLES:
+        evaluate_scale(spec.projection(role).scale, dims,
+                       what=f"{label}: field '{role}_proj': 'scale'")
     return sizes

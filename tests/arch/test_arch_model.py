@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import tiny_model
 from tolerances import assert_close
 
 import folnet
@@ -12,10 +13,7 @@ from folnet.cli import main as cli_main
 
 
 def tiny(ops="jmc.atp", **kw):
-    kw.setdefault("vocab_size", 100)
-    kw.setdefault("dropout", 0.0)
-    torch.manual_seed(kw.pop("seed", 0))
-    return folnet.build_model(ops, preset="tiny", **kw)
+    return tiny_model(ops, **kw)
 
 
 def batch(B=2, T=12, vocab=100, seed=0):

@@ -1,8 +1,8 @@
-"""Configs are checked before anything is allocated, and the model's own faults are clear
-(issue 19, problems 5 and 6): every bad field of config.json or of a released ``.cfg`` is a
-FolnetError naming the file and the field; sizes are bounded and compared with the weights
-file's shapes before the model is built; a model too large for memory is refused with its
-sizes; empty batches name their shape; a loss with nothing to predict is 0, never NaN."""
+"""Configs are checked before anything is allocated, and the model's own faults are clear: every
+bad field of config.json or of a released ``.cfg`` is a FolnetError naming the file and the
+field; sizes are bounded and compared with the weights file's shapes before the model is built;
+a model too large for memory is refused with its sizes; empty batches name their shape; a loss
+with nothing to predict is 0, never NaN."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``folnet convert`` handed a ``.pt`` that is not the state dict it converts (issue 36): each
+"""``folnet convert`` handed a ``.pt`` that is not the state dict it converts: each
 fault is one line on stderr, exit status 2, naming the file, what is wrong with it and what was
 expected -- never torch's paragraph, a C++ assertion, or a traceback -- and nothing is written;
 an output folder that cannot be one is one line too. (tests/project/test_hostile_inputs.py

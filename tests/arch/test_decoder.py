@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import tiny_model
 from tolerances import assert_close
 
 import folnet
@@ -20,11 +21,8 @@ OPS = [("j.", True), ("c.", True), ("m.a", True), (".a", True), (".p", False), (
 
 
 def tiny(ops="jmc.atp", kind="decoder", seed=0, **kw):
-    torch.manual_seed(seed)
-    kw = {"vocab_size": V, "dropout": 0.0, **kw}
-    model = folnet.build_model(ops, preset="tiny", kind=kind, **kw).eval()
-    model.relations = True  # these tests read the final binary rows
-    return model
+    kw.setdefault("vocab_size", V)  # these tests read the final binary rows
+    return tiny_model(ops, kind, seed=seed, eval_mode=True, relations=True, **kw)
 
 
 def ids(B=2, n=T, seed=0):

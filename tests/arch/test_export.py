@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import tiny_model
 from tolerances import assert_close
 from torch.overrides import TorchFunctionMode
 
-import folnet
 from folnet.ops.backends.fused import einsum_by_path, terms
 from folnet.ops.registry import get_operator
 
@@ -32,11 +32,9 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _model(kind="encoder", **kw):
-    torch.manual_seed(0)
-    model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, vocab_size=V, **kw).eval()
-    model.relations = True  # relation_output is compared too
-    return model
+def _model(kind="encoder", **kw):  # relation_output is compared too
+    return tiny_model("jmc.atp", kind, vocab_size=V, dropout=None, eval_mode=True,
+                      relations=True, **kw)
 
 
 def _inputs(B=3, T=12, seed=0):

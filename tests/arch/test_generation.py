@@ -12,6 +12,7 @@ from __future__ import annotations
 import batches
 import pytest
 import torch
+from models import tiny_model
 from tolerances import assert_close, assert_tokens_lead
 
 import folnet
@@ -23,9 +24,8 @@ V = 60
 
 
 def tiny(kind, ops="jmc.atp", **kw):
-    torch.manual_seed(1)
-    kw = {"vocab_size": V, "dropout": 0.0, **kw}
-    return folnet.build_model(ops, preset="tiny", kind=kind, **kw).eval()
+    kw.setdefault("vocab_size", V)
+    return tiny_model(ops, kind, seed=1, eval_mode=True, **kw)
 
 
 def prompt(B=2, n=5, seed=0):

@@ -107,7 +107,7 @@ def test_encoder_decoder_outputs_match_the_stored_ones():
 @pytest.mark.parametrize("name", [*ENCODERS, "decoder", "decoder-ape", "encoder-decoder"])
 def test_old_weights_metadata_loads_through_the_hf_classes(name):
     """These files say ``format: folnet`` in their safetensors header, as folnet wrote them
-    before it wrote transformers' ``pt`` (issue 36); they load through the `folnet.hf` class of
+    before it wrote transformers' ``pt``; they load through the `folnet.hf` class of
     their kind and head with the weights the native loader reads."""
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
     from safetensors import safe_open

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import tiny_model
 from tolerances import assert_close
 
 import folnet
@@ -36,9 +37,7 @@ def _copy(source: str, symbol: str, name: str, **changes) -> folnet.OperatorSpec
 
 
 def _model(ops: str, state=None):
-    torch.manual_seed(0)
-    model = folnet.build_model(ops, preset="tiny", position="rpe*", vocab_size=100,
-                               dropout=0.0).eval()
+    model = tiny_model(ops, position="rpe*", eval_mode=True)
     if state is not None:
         model.load_state_dict(state)
     return model

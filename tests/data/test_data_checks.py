@@ -1,4 +1,4 @@
-"""Data that is wrong must be refused, not trained on (issue 19, problems 4 and 6).
+"""Data that is wrong must be refused, not trained on.
 
 SQuAD answers are checked against their context and booleans parsed strictly; corpora that are
 not text (control characters, bytes the encoding cannot decode) are refused with the file and

@@ -1,4 +1,4 @@
-"""Model directories as the Hugging Face tools and folnet's own loaders read them (issue 36):
+"""Model directories as the Hugging Face tools and folnet's own loaders read them:
 accelerate's ``init_empty_weights`` + ``load_checkpoint_and_dispatch`` load a folnet directory
 as they load BERT's (model.safetensors says ``format: pt``), directories written with folnet's
 old ``format: folnet`` still load, a directory saved through transformers' ``save_pretrained``

@@ -2,7 +2,7 @@
 test: PEFT's SEQ_CLS task trains the head, a replaced head takes effect, multi-label float
 targets get the binary cross-entropy, config overrides at load (folnet's names and BERT's),
 set_input_embeddings, ``return_dict=False`` at load, the config attributes tools read, and
-torch.compile of the forward as one graph (issue 36)."""
+torch.compile of the forward as one graph."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="the [hf] extra is not installed")
 
+from models import tiny_model  # noqa: E402
 from tolerances import assert_close  # noqa: E402
 
 import folnet  # noqa: E402
@@ -25,9 +26,7 @@ V, T = 90, 9
 
 
 def _model(ops="jmc.atp", kind="encoder", head="mlm", **kw):
-    torch.manual_seed(0)
-    return folnet.build_model(ops, preset="tiny", kind=kind, head=head, vocab_size=V,
-                              dropout=0.0, **kw).eval()
+    return tiny_model(ops, kind, head=head, vocab_size=V, eval_mode=True, **kw)
 
 
 def _ids(B=2, seed=0):

@@ -33,6 +33,7 @@ from folnet.ops.compiler import compile_operator
 
 sys.path.insert(0, str(BENCHMARKS))
 from bf16_curve import compare, curve
+from models import tiny_model
 
 REHEARSAL = "FOLNET_GPU_REHEARSAL"
 BUILTINS = "bcjmapt"
@@ -152,9 +153,7 @@ def test_auto_takes_the_device_priority_list(device):
 
 
 def _model(kind: str, ops: str, device: str | None = None, seed: int = 0, **kw):
-    torch.manual_seed(seed)
-    kw = {"vocab_size": 100, "dropout": 0.0, **kw}
-    model = folnet.build_model(ops, preset="tiny", kind=kind, **kw)
+    model = tiny_model(ops, kind, seed=seed, **kw)
     return model if device is None else model.to(device)
 
 

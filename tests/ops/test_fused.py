@@ -87,10 +87,10 @@ def test_both_folded_with_biases_scale_by_the_actual_length(identity_trans, n):
     stream = torch.randn(2, n, n, 6, generator=g, dtype=torch.float64)
     wk, wp = (torch.randn(2, 6, generator=g, dtype=torch.float64) for _ in range(2))
     bk, bp = (torch.randn(2, generator=g, dtype=torch.float64) for _ in range(2))
-    got = compile_operator(spec).run(
-        Operand(stream, ("x", "a"), weight=wk, bias=bk),
-        Operand(stream, ("a", "y"), weight=wp, bias=bp), None, order=None,
-        backend=BACKENDS["fused"])
+    op = compile_operator(spec)
+    got = op.run(Operand(stream, ("x", "a"), weight=wk, bias=bk),
+                 Operand(stream, ("a", "y"), weight=wp, bias=bp), None, order=None,
+                 route=op.route_by(BACKENDS["fused"]))
     K = torch.einsum("bxad,hd->bxah", stream, wk) + bk
     v = torch.einsum("bayd,hd->bayh", stream, wp) + bp
     want = torch.einsum("bxah,bayh->bxyh", K, v)

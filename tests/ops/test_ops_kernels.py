@@ -283,7 +283,7 @@ def test_fused_backend_folds_and_matches_einsum(symbol, request):
     assert any(o.folded for o in operands.values())
     op = compile_operator(spec)
     got = op.run(operands["kernel"], operands["premise"], None, order=None,
-                 backend=ALL["fused"])
+                 route=op.route_by(ALL["fused"]))
     want = compile_operator(spec, "einsum")(ref["kernel"], ref["premise"])
     assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"fused {symbol}")
     grads = torch.randn(want.shape, generator=g, dtype=torch.float64)

@@ -1,5 +1,5 @@
-"""`folnet.ops.kernels.sink_einsum`: an operand's gradient added to its sink in place equals
-autograd's (float64), through the batched-product path where the sink's memory allows it and
+"""`folnet.ops.kernels.sink.sink_einsum`: an operand's gradient added to its sink in place
+equals autograd's (float64), through the batched-product path where the sink's memory allows it and
 through the einsum fallback where it does not; the forward is torch.einsum's."""
 
 from __future__ import annotations

@@ -190,9 +190,9 @@ def test_the_console_script_is_the_installed_one(env):
 
 
 def test_a_new_operator_from_spec_to_ablation_report(env, tmp_path):
-    """Issue 38's walk, from an empty folder outside the checkout on the installed wheel: an
-    operator declared in a TOML file, `ops` and `info` showing it, a 2-step pretraining with
-    it, a finetune from that run, a resume with only --resume, and the bundled
+    """The custom-operator walk, from an empty folder outside the checkout on the installed
+    wheel: an operator declared in a TOML file, `ops` and `info` showing it, a 2-step
+    pretraining with it, a finetune from that run, a resume with only --resume, and the bundled
     custom-operator plan's report, run small with --set."""
     (tmp_path / "my_ops.toml").write_text(
         '[[operator]]\nsymbol = "q"\nname = "bprod"\ntyping = "B <- B x U"\n'

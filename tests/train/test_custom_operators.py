@@ -1,4 +1,4 @@
-"""A new operator from spec to report without writing Python (issue 38): ``--operators FILE``
+"""A new operator from spec to report without writing Python: ``--operators FILE``
 on the commands that build or read a model, a plan's ``[[operators]]``, a resume that needs
 only ``--resume``, and an ablation plan run small with ``--set`` and ``--rows``.
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from runs import cli_error, tiny_plan, write
 
 import folnet
 from folnet.cli import main
+from runs import cli_error, tiny_plan, write
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""The non-finite guard (issue 19, problem 1): NaN and inf are noticed, in pretraining and
+"""The non-finite guard: NaN and inf are noticed, in pretraining and
 finetuning.
 
 A step whose loss or gradient norm is not finite is skipped (no update) and counted; a few in
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from models import tiny_model
 from paths import ROOT
-from runs import tiny_pretrained_run
 from safetensors.torch import load_file
 from torch import nn
 
@@ -30,6 +30,7 @@ from folnet.cli import main
 from folnet.train.data.tokenizer import train_tokenizer
 from folnet.train.engine.runlog import read_log
 from folnet.train.pretrain.loop import PretrainingForward
+from runs import tiny_pretrained_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -202,9 +203,8 @@ def test_two_processes_stop_together(tmp_path):
 # -- the weights check ---------------------------------------------------------------------------
 
 
-def tiny_model() -> nn.Module:
-    torch.manual_seed(0)
-    return folnet.build_model("j.a", preset="tiny", head="pretraining", vocab_size=50)
+def _pretraining_model() -> nn.Module:
+    return tiny_model("j.a", head="pretraining", vocab_size=50, dropout=None)
 
 
 def test_non_finite_weights_are_never_written(tmp_path):
@@ -212,7 +212,7 @@ def test_non_finite_weights_are_never_written(tmp_path):
     from folnet.train.engine.guard import check_finite_weights
     from folnet.train.engine.state import publish_final, write_model_fn
 
-    model = tiny_model()
+    model = _pretraining_model()
     check_finite_weights(model, "the model")  # a fresh model passes
     name, param = next(iter(model.named_parameters()))
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Each pretraining default is written once (issue 29, point 6).
+"""Each pretraining default is written once.
 
 The data options (``seq_len``, ``objective``, ``mlm_probability``, ...) take their defaults from
 `PretrainDataConfig`; ``folnet/specs/train/pretrain.toml`` repeats only the run's own options. These
@@ -164,3 +164,28 @@ def test_a_data_default_changed_in_its_one_place_reaches_the_run_and_its_help():
     for text in ("tokens per sequence (default: 96)", "nsp or sop (default: sop)",
                  "targets per sequence (default: 7)"):
         assert text in help_text
+
+
+def _copies(values: Mapping[str, Any], defaults: Any) -> list[str]:
+    """Keys of a TOML layer that only repeat ``defaults``' value (one copy too many)."""
+    return sorted(k for k, v in values.items()
+                  if not isinstance(v, Mapping) and getattr(defaults, k, object()) == v)
+
+
+def test_no_file_repeats_a_dataclass_default():
+    """The run options' defaults are the dataclasses'; a defaults file or a model preset sets
+    only what differs (FOLNet-Base is `ModelConfig`'s own defaults)."""
+    from folnet.arch import PRESETS, ModelConfig
+    from folnet.train.finetune.config import FinetuneConfig
+    from folnet.train.finetune.config import default_config_path as finetune_file
+    from folnet.train.options import specs_file
+
+    layers = [(read_toml(default_config_path()), PretrainConfig()),
+              (read_toml(finetune_file()), FinetuneConfig())]
+    layers += [(read_toml(specs_file("models", f"{name}.toml")), ModelConfig())
+               for name in PRESETS]
+    assert [_copies(values, defaults) for values, defaults in layers] == [[]] * len(layers)
+    # and the check sees a copy: a preset that restates the default dropout
+    tiny = read_toml(specs_file("models", "tiny.toml"))
+    assert _copies({**tiny, "dropout": ModelConfig().dropout}, ModelConfig()) == ["dropout"]
+    assert _copies({"steps": PretrainConfig().steps}, PretrainConfig()) == ["steps"]

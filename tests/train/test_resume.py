@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import kill_at_first_checkpoint
 from safetensors.torch import load_file
 
 import folnet
@@ -18,6 +17,7 @@ from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import load_tokenizer
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.runlog import read_log
+from runs import kill_at_first_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -187,7 +187,7 @@ def test_a_crash_during_save_leaves_the_last_good_checkpoint(tmp_path, finished_
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [9]
 
 
-# -- a checkpoint that lost its checksums.json (issue 36) -------------------------------------
+# -- a checkpoint that lost its checksums.json -------------------------------------
 
 
 def flip_weight_byte(weights_file: Path) -> None:

@@ -1,4 +1,4 @@
-"""A run owns its --out and nothing else (issue 28): the lock never follows a link, clean-up
+"""A run owns its --out and nothing else: the lock never follows a link, clean-up
 deletes only what folnet wrote, --out that is not a run's own is refused before anything is
 written, a failed start leaves nothing, every run reads a model directory's tokenizer against
 its checksums, and Ctrl-C is one line with exit 130."""
@@ -144,7 +144,7 @@ def test_out_that_is_not_a_runs_own_is_refused_before_anything_is_written(
 
 def test_the_root_and_the_home_directory_are_refused_by_the_check_itself(tmp_path):
     # Checked on the function, not through a run: a run that failed to refuse "/" would fill
-    # the root directory (as folnet before issue 28 did) and walk all of it for clean-up.
+    # the root directory (as folnet once did) and walk all of it for clean-up.
     from folnet.train.engine.outdir import check_out
 
     for given, why in (("/", "root"), (os.path.expanduser("~"), "home directory"),
@@ -257,12 +257,12 @@ def test_ctrl_c_in_pretraining_is_one_line_exit_130_naming_the_resume(
 
 
 def test_ctrl_c_before_the_first_step_leaves_nothing(tmp_path, capsys, monkeypatch):
-    import folnet.train.pretrain.loop as loop
+    import folnet.train.pretrain.setup_run as setup_run
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "build_model", stop)
+    monkeypatch.setattr(setup_run, "build_model", stop)
     out = tmp_path / "run"
     line = one_line(capsys, pretrain_args(out), code=130)
     assert line == "folnet pretrain: interrupted"

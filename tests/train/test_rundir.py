@@ -1,4 +1,4 @@
-"""The run directory (issue 19, problems 2, 6 and 7): one run per ``--out``, files with the
+"""The run directory: one run per ``--out``, files with the
 umask's permissions, leftovers of killed writes cleaned, ``--resume`` past a damaged
 checkpoint, checksums verified on load, and a full disk or read-only folder as one line."""
 

@@ -1,7 +1,7 @@
 """The dual-stream layer and what it is made of: the fused projections and their slots
-(`slots`), the domain an operator runs over (`domain`), the row-blocked mixer for long inputs
-(`blocked`, `memory`), the Boolean FFNs (`ffn`), the static relative terms of rpe* (`relative`),
-the input atoms (`atoms`) and the stack of layers (`stack`).
+(`slots`), the domain an operator runs over (`domain`), the mixer's one driver, whole square
+or row blocks (`mixer`, `memory`), the Boolean FFNs (`ffn`), the static relative terms of rpe*
+(`relative`), the input atoms (`atoms`) and the stack of layers (`stack`).
 
 ``from folnet.arch.layer import DualStreamLayer`` (the path before this folder existed) keeps
 working.

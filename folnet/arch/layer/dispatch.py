@@ -17,9 +17,9 @@ from torch import nn
 from folnet.arch.config import ModelConfig
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.slots import OperatorSlot
-from folnet.ops.backends.base import Backend, CompiledOperator, Operand
-
-ROLES = ("kernel", "premise")
+from folnet.ops.backends.base import CompiledOperator, Operand
+from folnet.ops.compiler import Route
+from folnet.ops.spec import ROLES
 
 #: An operator's kernel or premise: (its slot in the layer, "kernel" or "premise").
 Key = tuple[int, str]
@@ -32,13 +32,20 @@ Premasked = Mapping[int, frozenset[str]]
 @dataclass(frozen=True)
 class Dispatch:
     """The operators one call runs (``wanted``: slots, in order; a ``unary_only`` call skips
-    the binary-output ones), the backend each runs on, and how that backend wants each of its
-    operands: "cl" (channels last), "cf" (channels first) or "fold" (the stream and its
-    projection weight, never materialised)."""
+    the binary-output ones) and the route each takes (`folnet.ops.compiler.Route`: its
+    backend, and how it wants each operand: "cl" (channels last), "cf" (channels first) or
+    "fold" (the stream and its projection weight, never materialised))."""
 
     wanted: tuple[int, ...]
-    backends: Mapping[int, Backend]
-    layouts: Mapping[Key, str]
+    routes: Mapping[int, Route]
+    layouts: Mapping[Key, str]  # each wanted operand's layout, read from its route
+
+    @classmethod
+    def of(cls, wanted: tuple[int, ...], routes: Mapping[int, Route]) -> Dispatch:
+        """The dispatch of ``routes``, their layouts keyed by operand (a plain field, not a
+        cached property: torch.compile cannot enter the lock one takes)."""
+        return cls(wanted, routes, {(i, role): routes[i].layouts[role] for i in wanted
+                                    for role in ROLES})
 
     def keys(self) -> list[Key]:
         """Every wanted operator's kernel and premise."""
@@ -46,7 +53,7 @@ class Dispatch:
 
 
 class Mixer(Protocol):
-    """What the row-blocked driver (`folnet.arch.layer.blocked`) uses of the layer: its
+    """What the mixer's driver (`folnet.arch.layer.mixer`) uses of the layer: its
     projections, its context hand-off, its operators and its output projections."""
 
     cfg: ModelConfig
@@ -59,6 +66,8 @@ class Mixer(Protocol):
                 keys: Sequence[Key]) -> Parts: ...
 
     def letters(self, key: Key, layout: str) -> tuple[str, ...]: ...
+
+    def reach(self, wanted: tuple[int, ...]) -> dict[str, list[Key]]: ...
 
     def folded(self, key: Key, n2: torch.Tensor) -> Operand: ...
 

@@ -18,9 +18,11 @@ the encoder's through ``cross_u`` / ``cross_b`` (Linear projections of the encod
 atoms: "a concatenation of the unary atoms from the encoder output (with a linear projection)
 and the decoder premises").
 
-The stages talk by name: one `Dispatch` per call (which operators, which backends, which
-layouts), operands keyed by (slot, role); long inputs run the mixer in blocks of query rows
-(`folnet.arch.layer.blocked`) through the same `project` -> `operate` -> `updates`.
+The stages talk by name: one `LayerCall` per call holds what it decided (the domain, the
+`Dispatch` -- which operators, on which routes --, the visible pairs, the blocks of query rows,
+the context hand-off), operands are keyed by (slot, role), and one driver runs the mixer over
+the blocks (`folnet.arch.layer.mixer`: the whole square is the one block of all rows) through
+`project` -> `operate` -> `updates`.
 
 Key to shapes: B batch, Q query rows, n tokens of the domain (Q = n = T for a square),
 D1/D2 stream widths, Wu/Wb context widths, M1/M2 concatenated operator outputs.
@@ -32,15 +34,16 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from folnet.arch import adapters
 from folnet.arch.config import ModelConfig
-from folnet.arch.layer.blocked import mix_blocked
 from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
-from folnet.arch.layer.memory import block_rows_for
+from folnet.arch.layer.memory import block_reach, block_rows_for
+from folnet.arch.layer.mixer import LayerCall, Residual, mix
 from folnet.arch.layer.relative import check_static_relative, static_relative
 from folnet.arch.layer.slots import (
     STREAMS,
@@ -52,9 +55,8 @@ from folnet.arch.layer.slots import (
 )
 from folnet.arch.plan import LayerPlan
 from folnet.ops import Operand, compile_operator, masks
-from folnet.ops.kernels import dropout_add, keep_mask, linear, segmented_linear
+from folnet.ops.kernels import linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
-from folnet.ops.kernels.dropout import add_update
 
 
 def _apply(fused: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -101,6 +103,10 @@ class DualStreamLayer(nn.Module):
                     self.context[i, role] = width[seg.stream]
                     width[seg.stream] += seg.width
         self.width_u, self.width_b = width["U"], width["B"]
+        # what a block of query rows reads of each operand, for all operators and for a
+        # unary_only call's (fixed per layer: `folnet.arch.layer.memory.block_reach`)
+        self._reach = {wanted: block_reach({i: self.ops[i].spec for i in wanted})
+                       for wanted in {self._wanted(False), self._wanted(True)}}
         self.cross_u = nn.Linear(cfg.D1, self.width_u) if cross and self.width_u else None
         self.cross_b = nn.Linear(cfg.D2, self.width_b) if cross and self.width_b else None
 
@@ -237,66 +243,74 @@ class DualStreamLayer(nn.Module):
         activated kernel over the whole square, by symbol."""
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
-        row_pairs = u2.shape[0] * u2.shape[2]  # B x n
-        rows = None if attentions is not None else block_rows_for(
-            u2.shape[1], self.memory_mode, self.block_rows, row_pairs=row_pairs,
-            device_type=u2.device.type)
         n2 = self._norm_binary(u2)
-        dispatch = self.dispatch(n2, domain, unary_only)
-        keep = domain.keep()  # (B|1, Q, n, 1) or None
-        if rows is None:
-            mixed_u, update = self.mix(n1, n2, domain, dispatch, context, keep, attentions)
-            u1, u2 = self.write(u1, u2, mixed_u, update, keep)
-        else:
-            u1, u2 = mix_blocked(self, u1, u2, n1, n2, domain, dispatch, context, keep, rows)
-        u1 = dropout_add(u1, self.ffn_u(self._norm(u1, cfg.D1)), cfg.dropout, self.training)
+        call = self.begin(u2, n2, domain, context, unary_only, attentions)
+        u1, u2 = mix(self, call, u1, u2, n1, n2)
+        drop_u = Residual.draw(u1, call.p)
+        u1 = drop_u.add(u1, self.ffn_u(self._norm(u1, cfg.D1)))
         if unary_only:
             return u1, None
-        n2 = self._norm(u2, cfg.D2)
-        # a full square (bidirectional or causal: u2 is masked, so its transpose is n2's) may
-        # run in blocks of rows, applying the residual dropout there (one mask, as
-        # `dropout_add` draws it); query rows of a longer domain pass their transposed input
-        if rows is not None and domain.rows is None:
-            p = cfg.dropout if self.training else 0.0
-            ffn_rows = block_rows_for(n2.shape[1], self.memory_mode, self.block_rows,
-                                      row_pairs=row_pairs, stage="ffn",
-                                      device_type=u2.device.type)
-            keep_b = keep_mask(u2.shape, p, u2.device) if p else None
-            u2 = add_update(u2, self.ffn_b(n2, block_rows=ffn_rows, keep=keep_b, p=p))
+        return u1, self.binary_ffn_stage(u2, call)
+
+    def begin(self, u2: torch.Tensor, n2: torch.Tensor, domain: Domain,
+              context: ContextHook | None, unary_only: bool,
+              attentions: dict[str, torch.Tensor] | None) -> LayerCall:
+        """What this call decides before it computes anything (`LayerCall`): the operators and
+        their routes, and the blocks of query rows of each stage (none while ``attentions``
+        are asked for: they are returned over the whole square)."""
+        pairs = u2.shape[0] * u2.shape[2]  # B x n per query row
+        rows = {stage: None if attentions is not None else block_rows_for(
+            u2.shape[1], self.memory_mode, self.block_rows, row_pairs=pairs, stage=stage,
+            device_type=u2.device.type) for stage in ("mixer", "ffn")}
+        count, step = u2.shape[1], rows["mixer"]
+        # the whole square is one span, written without a range over its (maybe symbolic,
+        # while exporting) length
+        spans = ((0, count),) if step is None else tuple(
+            (r0, min(count, r0 + step)) for r0 in range(0, count, step))
+        return LayerCall(domain=domain, dispatch=self.dispatch(n2, domain, unary_only),
+                         visible=domain.keep(), spans=spans,
+                         ffn_rows=rows["ffn"] if domain.rows is None else None,
+                         context=context, attentions=attentions,
+                         p=self.cfg.dropout if self.training else 0.0,
+                         recompute=rows["mixer"] is not None)
+
+    def binary_ffn_stage(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        """The binary Boolean stage and its residual on u2 (B, Q, n, D2). A full square
+        (bidirectional or causal: u2 is masked, so its transpose is n2's) may run in blocks of
+        rows, applying the residual dropout inside them (the mask drawn first, as for the
+        whole); query rows of a longer domain pass their transposed input."""
+        n2 = self._norm(u2, self.cfg.D2)
+        drop_b = Residual.draw(u2, call.p)
+        if call.ffn_rows is not None:
+            update = self.ffn_b(n2, block_rows=call.ffn_rows, keep=drop_b.mask, p=drop_b.p)
         else:
-            u2 = dropout_add(u2, self.ffn_b(n2, domain.transposed(n2)), cfg.dropout,
-                             self.training)
-        return u1, (u2 if keep is None else u2 * keep)
+            update = self.ffn_b(n2, call.domain.transposed(n2))
+        u2 = drop_b.add(u2, update, applied=call.ffn_rows is not None)
+        return u2 if call.visible is None else u2 * call.visible
+
+    def _wanted(self, unary_only: bool) -> tuple[int, ...]:
+        """The slots a call runs: all, or (``unary_only``) the unary-output operators."""
+        return tuple(i for i, s in enumerate(self.slots)
+                     if not (unary_only and s.spec.typing.output == "B"))
+
+    def reach(self, wanted: tuple[int, ...]) -> dict[str, list[Key]]:
+        """What a block of rows reads of each operand of the ``wanted`` operators."""
+        return self._reach[wanted]
 
     def dispatch(self, n2: torch.Tensor, domain: Domain, unary_only: bool = False) -> Dispatch:
-        """Which operators this call runs, on which backend, in which layouts."""
-        wanted = tuple(i for i, s in enumerate(self.slots)
-                       if not (unary_only and s.spec.typing.output == "B"))
-        backends, layouts = {}, {}
+        """Which operators this call runs, and the route each takes (backend and layouts)."""
+        wanted = self._wanted(unary_only)
+        routes = {}
         for i in wanted:
             op = self.ops[i]
             # rpe*'s static terms dominate its layers' cost (the fused path measured 1.02x
             # there): they keep every kernel and premise materialised, as before. A block of a
             # bidirectional square's rows is a plain rectangular call: no mask runs along rows
-            call = op.call(n2, padded=domain.pad is not None, rows=domain.rows is not None,
-                           requires_grad=torch.is_grad_enabled(),
-                           materialise=self.cfg.position == "rpe*")
-            backends[i] = op.select(call)
-            layouts.update({(i, r): backends[i].layout(op, r) for r in ROLES})
-        return Dispatch(wanted, backends, layouts)
-
-    def mix(self, n1: torch.Tensor, n2: torch.Tensor, domain: Domain, dispatch: Dispatch,
-            context: ContextHook | None, keep: torch.Tensor | None,
-            attentions: dict[str, torch.Tensor] | None = None
-            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The mixer over every query row at once: (unary outputs (B, Q, M1) or None, binary
-        update (B, Q, n, D2) or None)."""
-        parts = self.project(n1, n2, dispatch, dispatch.keys())
-        premasked: Premasked = {}
-        if context is not None:
-            taken, premasked = self.take_context(parts, keep, context)
-            parts.update(taken)
-        return self.updates(self.operate(parts, dispatch, domain, premasked, attentions), domain)
+            routes[i] = op.route(op.call(n2, padded=domain.pad is not None,
+                                         rows=domain.rows is not None,
+                                         requires_grad=torch.is_grad_enabled(),
+                                         materialise=self.cfg.position == "rpe*"))
+        return Dispatch.of(wanted, routes)
 
     def operate(self, parts: Parts, dispatch: Dispatch, domain: Domain, premasked: Premasked,
                 attentions: dict[str, torch.Tensor] | None = None
@@ -317,15 +331,16 @@ class DualStreamLayer(nn.Module):
             if attentions is not None and spec.activation == "softmax":
                 attentions[spec.symbol] = op.probabilities(K, domain.pad, order=order,
                                                            premasked=masked)
-            out = op.run(K, v, domain.pad, order=order, backend=dispatch.backends[i],
+            out = op.run(K, v, domain.pad, order=order, route=dispatch.routes[i],
                          dropout_p=p if spec.kernel_dropout else 0.0,
                          premasked=masked)  # spec.output layout
             if cfg.position == "rpe*":
                 out = out + static_relative(spec, K.laid_out(spec.kernel), domain,
                                             self.rel_key, self.rel_value)
-            letters = natural(spec.output)
-            out = out.permute([0] + [1 + spec.output.index(c) for c in letters])
-            out = out.flatten(-len(slot.out_channels))  # (B, Q[, n], width)
+            # spec.output's letters -> tokens (row[, col]), then the channels flattened
+            out = rearrange(out, f"batch {' '.join(spec.output)} -> batch "
+                            f"{' '.join(spec.tokens('output'))} "
+                            f"({' '.join(spec.channels('output'))})")  # (B, Q[, n], width)
             if slot.out_scale != 1.0:
                 out = out * slot.out_scale
             outs[spec.typing.output].append(out)
@@ -344,16 +359,3 @@ class DualStreamLayer(nn.Module):
         # (the two round differently: ~1e-7 relative)
         return mixed_u, (linear(cat, adapters.weight(self.out_b), adapters.bias(self.out_b))
                          if domain.visible is None else _apply(self.out_b, cat))
-
-    def write(self, u1: torch.Tensor, u2: torch.Tensor, mixed_u: torch.Tensor | None,
-              update: torch.Tensor | None, keep: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The unary outputs through their fused output projection, the binary update; dropout
-        and the residual add on each (and the visibility, causally)."""
-        if mixed_u is not None:
-            u1 = dropout_add(u1, self.out_u(mixed_u), self.cfg.dropout, self.training)
-        if update is not None:
-            u2 = dropout_add(u2, update, self.cfg.dropout, self.training)  # (B, Q, n, D2)
-            if keep is not None:
-                u2 = u2 * keep
-        return u1, u2

@@ -3,7 +3,7 @@
 The binary stream is B x T x T x D2 per layer, and its stages' working sets are wider still:
 the mixer's projections, kernels and premises (N2 channels per pair), the binary FFN's hidden
 layer (F2 = 4 D2). Blocked, both stages run over blocks of query rows and recompute each
-block in the backward pass (`folnet.arch.layer.blocked`, `folnet.ops.kernels.recompute`), so
+block in the backward pass (`folnet.arch.layer.mixer`, `folnet.ops.kernels.recompute`), so
 what stays alive is the binary stream itself (and ``t``'s premise, which every row reads
 whole). The mode is a property of a run, not of the architecture -- it changes what is kept
 for the backward pass, never the function computed -- so it is set on a built model
@@ -27,7 +27,7 @@ from torch import nn
 
 from folnet.errors import FolnetError, choices
 from folnet.ops import masks
-from folnet.ops.spec import OperatorSpec
+from folnet.ops.spec import ROLES, OperatorSpec
 from folnet.tracing import traced
 
 __all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "auto_blocks", "block_reach",
@@ -87,7 +87,7 @@ def block_reach(specs: dict[int, OperatorSpec]) -> dict[str, list[tuple[int, str
     keys: dict[str, list[tuple[int, str]]] = {"row": [], "col": [], "all": []}
     for i, spec in specs.items():
         q = masks.query_letter(spec)
-        for role in ("kernel", "premise"):
+        for role in ROLES:
             toks = spec.tokens(role)
             keys["row" if toks[0] == q else "col" if toks[-1] == q else "all"].append((i, role))
     return keys

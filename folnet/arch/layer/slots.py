@@ -19,7 +19,7 @@ from folnet.arch.config import ModelConfig
 from folnet.arch.plan import LayerPlan
 from folnet.errors import FolnetError
 from folnet.ops.sizes import channel_sizes, evaluate
-from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
 
 STREAMS = ("U", "B")
 
@@ -72,7 +72,7 @@ def build_slots(plan: LayerPlan, cfg: ModelConfig
     for spec in plan.ops:
         sizes = channel_sizes(spec.sizes, dims, symbol=spec.symbol)
         segs = {}
-        for role in ("kernel", "premise"):
+        for role in ROLES:
             stream = spec.stream(role)
             channels = tuple(sizes[c] for c in spec.channels(role))
             proj = spec.kernel_proj if role == "kernel" else spec.premise_proj

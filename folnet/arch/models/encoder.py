@@ -54,7 +54,7 @@ class FolnetModel(FolnetBase):
         it the outputs are the released code's. ``output_relations`` computes the final binary
         stream (``relation_output``; default: the model's ``relations``);
         ``output_hidden_states`` and ``output_attentions`` return the per-layer states and the
-        softmax operators' activated kernels (`folnet.arch.stack.Record`)."""
+        softmax operators' activated kernels (`folnet.arch.layer.stack.Record`)."""
         choices = self.head_spec is not None and self.head_spec.multiple_choice
         shape = None
         if choices:

@@ -127,7 +127,7 @@ class TextModel(FolnetBase):
                   record: Record | None = None) -> torch.Tensor:
         """Run new decoder rows (B, Q) at domain positions ``start..`` through every layer,
         storing their context channels in the cache; returns their final unary atoms (and
-        fills ``record``, `folnet.arch.stack.Record`, for those rows)."""
+        fills ``record``, `folnet.arch.layer.stack.Record`, for those rows)."""
         n = start + tokens.shape[1]
         positions, rel = cache.atoms_at(start, n)
         atoms, layers = self.decoder_stack()

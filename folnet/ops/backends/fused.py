@@ -37,11 +37,10 @@ from folnet.ops.backends.attention import attention_layout
 from folnet.ops.backends.base import Backend, Operand, activate
 from folnet.ops.kernels.sink import sink_einsum
 from folnet.ops.sizes import channel_sizes
-from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
+from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
 from folnet.tracing import traced
 
 FOLD_LETTER = {"kernel": "d", "premise": "f"}
-ROLES = ("kernel", "premise")
 
 
 @dataclass(frozen=True)

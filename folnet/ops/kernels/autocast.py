@@ -10,9 +10,14 @@ autocast would make one per product, and a backward in the dtype the forward ran
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-__all__ = ["autocast_dtype", "cast"]
+__all__ = ["AutocastState", "autocast_dtype", "cast", "cast_once"]
 
 
 def autocast_dtype(device: torch.device | str, *, devices: tuple[str, ...] = ("cpu",)
@@ -29,3 +34,42 @@ def autocast_dtype(device: torch.device | str, *, devices: tuple[str, ...] = ("c
 def cast(dtype: torch.dtype, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """Every tensor in ``dtype`` (None stays None)."""
     return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
+def cast_once(kernel: Callable[..., Any], device: torch.device,
+              tensors: tuple[torch.Tensor | None, ...], *rest: Any,
+              devices: tuple[str, ...] = ("cpu",), **options: Any) -> Any:
+    """``kernel(*tensors, *rest, **options)``; under autocast on ``device`` (one of
+    ``devices``) with ``tensors`` cast once to autocast's dtype and autocast off inside, so
+    the kernel's products and its saved tensors are all in that dtype. Returns None when
+    autocast is off there: the caller then runs its own plain path."""
+    dtype = autocast_dtype(device, devices=devices)
+    if dtype is None:
+        return None
+    with torch.autocast(device.type, enabled=False):
+        return kernel(*cast(dtype, *tensors), *rest, **options)
+
+
+@dataclass(frozen=True)
+class AutocastState:
+    """The autocast state a forward ran under, for a backward that recomputes it (a backward
+    runs outside the forward's autocast region)."""
+
+    device_type: str
+    enabled: bool
+    dtype: torch.dtype
+
+    @classmethod
+    def capture(cls, device: torch.device) -> AutocastState | None:
+        """The state on ``device`` now (None: a device autocast does not cover)."""
+        if device.type not in ("cpu", "cuda"):
+            return None
+        return cls(device.type, torch.is_autocast_enabled(device.type),
+                   torch.get_autocast_dtype(device.type))
+
+    @staticmethod
+    def restore(state: AutocastState | None) -> contextlib.AbstractContextManager:
+        """A context that runs under ``state`` again (nothing for None)."""
+        if state is None:
+            return contextlib.nullcontext()
+        return torch.autocast(state.device_type, dtype=state.dtype, enabled=state.enabled)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.autocast import autocast_dtype, cast
+from folnet.ops.kernels.autocast import cast_once
 from folnet.ops.kernels.dropout import masked_scale
 from folnet.ops.kernels.functorch import transformed
 from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
@@ -184,6 +184,11 @@ class _BinaryFFN(torch.autograd.Function):
                 grads.b_out, None, None, None)
 
 
+def _nt_last(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt, **options) -> torch.Tensor:
+    """`binary_ffn` with its keyword ``nt`` passed by position (for `cast_once`)."""
+    return binary_ffn(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt=nt, **options)
+
+
 def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
                b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
                nt: torch.Tensor | None = None, *, rows: int | None = None,
@@ -203,11 +208,11 @@ def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: t
     elif keep is not None:
         raise FolnetError("binary_ffn applies a keep mask only in blocks of rows")
     # under autocast: one cast of every input, then plain products in that dtype
-    dtype = autocast_dtype(n.device, devices=("cpu", "cuda") if rows is not None else ("cpu",))
-    if dtype is not None:
-        with torch.autocast(n.device.type, enabled=False):
-            return binary_ffn(*cast(dtype, n, w_in, b_in, w_out, b_out, w_skip, b_skip),
-                              nt=cast(dtype, nt)[0], rows=rows, keep=keep, p=p)
+    cast_out = cast_once(_nt_last, n.device, (n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt),
+                         devices=("cpu", "cuda") if rows is not None else ("cpu",),
+                         rows=rows, keep=keep, p=p)
+    if cast_out is not None:
+        return cast_out
     if rows is not None or (nt is None and onednn_ok(n, w_in) and n.is_contiguous()):
         scale = 1.0 / (1.0 - p) if keep is not None else 1.0
         return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep,

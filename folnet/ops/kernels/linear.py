@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from folnet.ops.kernels.autocast import autocast_dtype, cast
+from folnet.ops.kernels.autocast import cast_once
 from folnet.ops.kernels.functorch import transformed
 
 
@@ -141,10 +141,9 @@ class _Linear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``F.linear`` for the binary stream's big activations: oneDNN on CPU for float32 and
     bfloat16 (autocast included), plain ``F.linear`` everywhere else."""
-    dtype = autocast_dtype(x.device)
-    if dtype is not None:
-        with torch.autocast("cpu", enabled=False):
-            return linear(*cast(dtype, x, weight, bias))
+    cast_out = cast_once(linear, x.device, (x, weight, bias))
+    if cast_out is not None:
+        return cast_out
     if not onednn_ok(x, weight) or not x.is_contiguous():
         return F.linear(x, weight, bias)
     return _Linear.apply(x, weight, bias)
@@ -255,10 +254,9 @@ def segmented_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      segments: tuple[tuple[int, int, str], ...]) -> tuple[torch.Tensor, ...]:
     """Project ``x`` (B, *tokens, D) onto the ``(start, width, "cl"|"cf")`` row segments of
     ``weight``; see `_SegmentedLinear`. Falls back to plain ops off the CPU fast path."""
-    dtype = autocast_dtype(x.device)
-    if dtype is not None:
-        with torch.autocast("cpu", enabled=False):
-            return segmented_linear(*cast(dtype, x, weight, bias), segments)
+    cast_out = cast_once(segmented_linear, x.device, (x, weight, bias), segments)
+    if cast_out is not None:
+        return cast_out
     if x.device.type != "cpu" or not x.is_contiguous() or tracing():
         outs = []
         for start, width, layout in segments:

@@ -19,7 +19,6 @@ anyway).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from types import MappingProxyType
 
 import torch
 
+from folnet.ops.kernels.autocast import AutocastState
 from folnet.ops.kernels.functorch import transformed
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
@@ -135,7 +135,7 @@ class _RecomputedBlocks(torch.autograd.Function):
         job: _Job = inputs[0]
         tensors = inputs[1 : 1 + len(job.names)]
         ctx.job, ctx.states = job, list(job.states)
-        ctx.autocast = _autocast_state(tensors[0].device)
+        ctx.autocast = AutocastState.capture(tensors[0].device)
         ctx.save_for_backward(*tensors)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
 
@@ -150,7 +150,7 @@ class _RecomputedBlocks(torch.autograd.Function):
         if used:
             wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
             device = next(iter(saved.values())).device
-            restore = functools.partial(_autocast, device, ctx.autocast)
+            restore = functools.partial(AutocastState.restore, ctx.autocast)
             made: dict[Hashable, torch.Tensor] = {}
             if job.prologue is not None:  # its values only: its graph is rebuilt at the end
                 with torch.no_grad(), restore():
@@ -285,19 +285,6 @@ def _accumulate(total: dict, key: Hashable, grad: torch.Tensor) -> None:
     else:  # the first gradient may be an expanded view (a broadcast bias): own it
         total[key] = grad.contiguous()
 
-
-def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype] | None:
-    """Whether autocast is on for ``device`` and in which dtype (None: a device without it)."""
-    if device.type not in ("cpu", "cuda"):
-        return None
-    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
-
-
-def _autocast(device: torch.device, state: tuple[bool, torch.dtype] | None):
-    """A context restoring the autocast state a forward had (a backward runs outside it)."""
-    if state is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=state[1], enabled=state[0])
 
 
 def _rng_state(device: torch.device) -> torch.Tensor:

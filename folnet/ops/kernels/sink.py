@@ -13,9 +13,10 @@ memory order allows it, else one einsum and an ``add_``).
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.autocast import autocast_dtype, cast
+from folnet.ops.kernels.autocast import cast_once
 from folnet.ops.kernels.functorch import transformed
 
 __all__ = ["sink_einsum"]
@@ -34,9 +35,10 @@ def _grouped(t: torch.Tensor, letters: str, groups: tuple[str, ...], *, copy: bo
              ) -> torch.Tensor | None:
     """``t`` (laid out as ``letters``) permuted to the letter groups, one dimension per group:
     a view, or None when its memory does not allow one (``copy``: then a copy)."""
+    if copy:  # "b x a y -> (b) (x y) (a)": a view where the memory allows, else a copy
+        return rearrange(t, f"{' '.join(letters)} -> "
+                         + " ".join(f"({' '.join(g)})" for g in groups))
     p = t.permute([letters.index(c) for c in "".join(groups)])
-    if copy:
-        return p.reshape(_sizes(p, groups))
     return p.view(_sizes(p, groups)) if p.is_contiguous() else None
 
 
@@ -119,9 +121,11 @@ def sink_einsum(equation: str, left: torch.Tensor, right: torch.Tensor,
     alone = (set(lhs) ^ set(rhs)) - set(out)  # letters summed within one operand
     if all(s is None for s in sinks) or not torch.is_grad_enabled() or alone or transformed():
         return torch.einsum(equation, left, right)
-    dtype = autocast_dtype(left.device, devices=("cpu", "cuda"))
-    if dtype is not None:
-        left, right = cast(dtype, left, right)
-        with torch.autocast(left.device.type, enabled=False):
-            return _SinkEinsum.apply(equation, left, right, *sinks)
+    cast_out = cast_once(_sink_apply, left.device, (left, right), equation, sinks,
+                         devices=("cpu", "cuda"))
+    return cast_out if cast_out is not None else _sink_apply(left, right, equation, sinks)
+
+
+def _sink_apply(left: torch.Tensor, right: torch.Tensor, equation: str,
+                sinks: tuple[torch.Tensor | None, ...]) -> torch.Tensor:
     return _SinkEinsum.apply(equation, left, right, *sinks)

@@ -18,6 +18,11 @@ __all__ = ["OBJECTIVES", "PretrainDataConfig"]
 OBJECTIVES = ("nsp", "sop")
 
 
+#: The integer data options' lower bounds, checked here and by the run's options
+#: (`folnet.train.pretrain.config.PretrainConfig`), each naming the field its own way.
+DATA_AT_LEAST = {"seq_len": 8, "max_predictions": 1, "kinship_documents": 1, "seed": 0}
+
+
 @dataclass(frozen=True)
 class PretrainDataConfig:
     """How to turn a corpus into pretraining examples (and how to mask them later).
@@ -52,10 +57,8 @@ class PretrainDataConfig:
                     f"PretrainDataConfig.{name} must be an integer >= {low}, got {value!r}"
                 )
 
-        integer("seq_len", 8)
-        integer("max_predictions", 1)
-        integer("kinship_documents", 1)
-        integer("seed", 0)
+        for name, low in DATA_AT_LEAST.items():
+            integer(name, low)
         if self.objective not in OBJECTIVES:
             raise FolnetError(
                 f"PretrainDataConfig.objective must be {choices(OBJECTIVES)}, "

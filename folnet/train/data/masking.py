@@ -74,27 +74,10 @@ def _check_probability(name: str, value: float, *, closed: bool = False) -> None
         raise FolnetError(f"{name} must lie in {interval}, got {value!r}")
 
 
-def mask_tokens(
-    input_ids: torch.Tensor,
-    special_ids: SpecialIds | _HasSpecialIds,
-    *,
-    mlm_probability: float = 0.15,
-    max_predictions: int = 20,
-    generator: torch.Generator,
-    vocab_size: int,
-    mask_replace_prob: float = 0.8,
-    random_replace_prob: float = 0.1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose MLM targets per row and corrupt them; return `(masked_input_ids, mlm_labels)`.
-
-    Per row with n eligible tokens (not special, not padding), k = n * mlm_probability
-    rounded stochastically (so short rows are not biased by rounding), at least 1 when n > 0,
-    at most `max_predictions` and n; k distinct eligible positions are chosen uniformly. Of
-    the chosen, `mask_replace_prob` become [MASK], `random_replace_prob` a random
-    non-special token, the rest stay. Labels hold the original id at chosen positions and
-    -100 elsewhere. Randomness comes only from `generator`, so equal generator states give
-    equal masks. The input is not modified.
-    """
+def _check_masking(input_ids: torch.Tensor, special_ids: SpecialIds | _HasSpecialIds,
+                   mlm_probability: float, max_predictions: int, vocab_size: int,
+                   mask_replace_prob: float, random_replace_prob: float) -> SpecialIds:
+    """`mask_tokens`' arguments checked, each fault named; returns the special ids."""
     if input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise FolnetError(
             f"input_ids must be a 2-D LongTensor [B, T], got {input_ids.dtype} of shape "
@@ -116,6 +99,34 @@ def mask_tokens(
     special_list = sorted(specials.all)
     if vocab_size <= max(special_list) or vocab_size <= len(special_list):
         raise FolnetError(f"vocab_size {vocab_size} is too small for the special ids")
+
+    return specials
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    special_ids: SpecialIds | _HasSpecialIds,
+    *,
+    mlm_probability: float = 0.15,
+    max_predictions: int = 20,
+    generator: torch.Generator,
+    vocab_size: int,
+    mask_replace_prob: float = 0.8,
+    random_replace_prob: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose MLM targets per row and corrupt them; return `(masked_input_ids, mlm_labels)`.
+
+    Per row with n eligible tokens (not special, not padding), k = n * mlm_probability
+    rounded stochastically (so short rows are not biased by rounding), at least 1 when n > 0,
+    at most `max_predictions` and n; k distinct eligible positions are chosen uniformly. Of
+    the chosen, `mask_replace_prob` become [MASK], `random_replace_prob` a random
+    non-special token, the rest stay. Labels hold the original id at chosen positions and
+    -100 elsewhere. Randomness comes only from `generator`, so equal generator states give
+    equal masks. The input is not modified.
+    """
+    specials = _check_masking(input_ids, special_ids, mlm_probability, max_predictions,
+                              vocab_size, mask_replace_prob, random_replace_prob)
+    special_list = sorted(specials.all)
 
     device = input_ids.device
     gen_device = generator.device

@@ -205,6 +205,39 @@ def _bert_pipeline(tokenizer: Tokenizer, lowercase: bool) -> Tokenizer:
     return tokenizer
 
 
+def _training_inputs(files: Sequence[str | os.PathLike[str]] | str | os.PathLike[str] | None,
+                     texts: Iterable[str] | Callable[[], Iterable[str]] | None,
+                     vocab_size: int, min_frequency: int
+                     ) -> tuple[list[Path], Callable[[], Iterable[str]]]:
+    """`train_tokenizer`'s arguments checked, each fault named: the files as paths, and the
+    texts as a callable that yields them afresh (the training reads them twice)."""
+    if files is None and texts is None:
+        raise FolnetError("train_tokenizer needs `files` or `texts`")
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]  # a lone path is a common slip; accept it rather than iterate chars
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise FolnetError(f"vocab_size must be an integer, got {vocab_size!r}")
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise FolnetError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
+    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
+        raise FolnetError(f"min_frequency must be a positive integer, got {min_frequency!r}")
+    paths = [Path(f) for f in files or ()]
+    for path in paths:
+        if not path.is_file():
+            raise FolnetError(f"tokenizer training file {str(path)!r} does not exist")
+    if texts is None:
+        make_texts: Callable[[], Iterable[str]] = tuple
+    elif callable(texts):
+        make_texts = texts
+    else:
+        if not isinstance(texts, Sequence):
+            texts = list(texts)  # read twice below
+        kept = texts
+        make_texts = lambda: kept  # noqa: E731
+    return paths, make_texts
+
+
+
 def train_tokenizer(
     files: Sequence[str | os.PathLike[str]] | None = None,
     *,
@@ -232,29 +265,7 @@ def train_tokenizer(
     The alphabet is bounded too (`folnet.train.data.alphabet`): only the most frequent
     characters that fit in `vocab_size` are kept, with a warning when some are left out.
     """
-    if files is None and texts is None:
-        raise FolnetError("train_tokenizer needs `files` or `texts`")
-    if isinstance(files, (str, os.PathLike)):
-        files = [files]  # a lone path is a common slip; accept it rather than iterate chars
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise FolnetError(f"vocab_size must be an integer, got {vocab_size!r}")
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise FolnetError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
-    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
-        raise FolnetError(f"min_frequency must be a positive integer, got {min_frequency!r}")
-    paths = [Path(f) for f in files or ()]
-    for path in paths:
-        if not path.is_file():
-            raise FolnetError(f"tokenizer training file {str(path)!r} does not exist")
-    if texts is None:
-        make_texts: Callable[[], Iterable[str]] = tuple
-    elif callable(texts):
-        make_texts = texts
-    else:
-        if not isinstance(texts, Sequence):
-            texts = list(texts)  # read twice below
-        kept = texts
-        make_texts = lambda: kept  # noqa: E731
+    paths, make_texts = _training_inputs(files, texts, vocab_size, min_frequency)
 
     def stream() -> Iterable[str]:
         return _chain_files(paths, make_texts(), encoding)

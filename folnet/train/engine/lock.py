@@ -65,7 +65,7 @@ def _not_a_lock(path: Path, what: str) -> FolnetError:
 class RunLock:
     """``with RunLock(out, what="pretraining run"):`` -- the directory is created if needed;
     entering raises `FolnetError` at once (no waiting) when another live run holds it, and a
-    directory that cannot be written is a `folnet.io.WriteError` naming it.
+    directory that cannot be written is a `folnet.atomic_write.WriteError` naming it.
 
     ``on_acquire(directory)`` runs once the lock is held (the clean-up of dead runs'
     leftovers); if it fails the lock is released. ``enabled=False`` makes the lock a no-op

@@ -246,7 +246,7 @@ def save_checkpoint(out: str | os.PathLike[str], step: int, *,
     """Write ``OUT/checkpoints/step_{step}`` atomically, then keep only the last `keep_last`.
 
     ``write_model(dir)`` writes config.json + model.safetensors (`save_pretrained`). A full
-    disk or a read-only folder is a `folnet.io.WriteError` naming the file, and the
+    disk or a read-only folder is a `folnet.atomic_write.WriteError` naming the file, and the
     checkpoints already written are left as they were.
     """
     def write(directory: Path) -> None:

@@ -2,10 +2,11 @@
 `evaluate_checkpoint`.
 
 As for ``folnet pretrain``, the finetune flags are generated from `FinetuneConfig`, so the
-command line, ``folnet/specs/train/finetune.toml`` and the Python API cannot drift apart; only flags
-the user gives override the file (their argparse default is None), and the help shows the
-defaults of ``folnet/specs/train/finetune.toml``. Importing this module registers both commands and
-must stay cheap (``folnet --help`` imports it): the training code is imported inside them.
+command line and the Python API cannot drift apart; only flags the user gives override the
+defaults (their argparse default is None), and the help shows the defaults a run starts from
+(the dataclass's, under ``folnet/specs/train/finetune.toml``, empty as shipped). Importing this
+module registers both commands and must stay cheap (``folnet --help`` imports it): the training
+code is imported inside them.
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from __future__ import annotations
 import argparse
 
 from folnet.cli import add_operators_flag, register_command
-from folnet.train.options import add_flags, given_flags, read_toml
+from folnet.train.options import add_flags, given_flags
 
 
 def _finetune_configure(p: argparse.ArgumentParser) -> None:
-    from folnet.train.finetune.config import FinetuneConfig, default_config_path
+    from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
 
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="TOML file of options over the defaults shown here (those of "
-                   "folnet/specs/train/finetune.toml); flags override both")
-    add_flags(p, FinetuneConfig, defaults=read_toml(default_config_path()))
+                   help="TOML file of options over the defaults shown here; flags override both")
+    # the options a run without --config or flags uses (unset ones, None, say in their help
+    # what happens)
+    shown = {k: v for k, v in load_finetune_config().to_dict().items() if v is not None}
+    add_flags(p, FinetuneConfig, defaults=shown)
     add_operators_flag(p)
 
 

@@ -3,8 +3,9 @@
 Optimiser fields that are None take the task's default from the paper's Table 7 (see
 `folnet.train.tasks.base.FinetuneDefaults`); `FinetuneConfig.hyper` resolves them for one task
 so that a run records the numbers it actually used. Precedence, lowest first: those task
-defaults, ``folnet/specs/train/finetune.toml`` (kept equal to the dataclass defaults by a test), a
-``--config FILE``, then command-line flags. Each field is the flag of the same name with dashes
+defaults, ``folnet/specs/train/finetune.toml`` (empty as shipped: the defaults are this
+dataclass's; a setting there must differ from them), a ``--config FILE``, then command-line
+flags. Each field is the flag of the same name with dashes
 (``batch_size`` -> ``--batch-size``), except ``checkpoint``, which is ``--from``.
 """
 

@@ -1,6 +1,6 @@
 """Scoring a model on a task's evaluation splits, prediction files, and ``folnet evaluate``.
 
-Every split is scored by its task's family (`folnet.train.tasks.TaskFamily.score`: the task's
+Every split is scored by its task's family (`folnet.train.tasks.registry.TaskFamily`: the task's
 own metrics; SQuAD 2.0 with the official no-answer rule; the kinship task per chain length with
 its majority baseline), and every prediction is written out: ``predictions/<split>.tsv`` with
 one row per item (id, prediction, gold label, then the family's columns such as the kinship

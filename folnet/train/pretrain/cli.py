@@ -3,9 +3,9 @@
 The flags are generated from the dataclass (`folnet.train.options.add_flags`), so the command
 line, the TOML files under ``folnet/specs/train/`` and the Python API can never drift apart.
 Only flags the user actually gives override the file (their argparse default is None); the help
-shows the defaults a run starts from: ``folnet/specs/train/pretrain.toml`` over the dataclass
-defaults (the data options are not in the file; their defaults are `PretrainDataConfig`'s),
-loaded the way a run loads them, so the help cannot show a value the run would not use.
+shows the defaults a run starts from, loaded the way a run loads them (the dataclass defaults,
+under whatever ``folnet/specs/train/pretrain.toml`` sets: nothing, as shipped), so the help
+cannot show a value the run would not use.
 
 The run itself prints the one closing line ("done: N steps; final model and tokenizer in ..."),
 so this wrapper prints nothing after it.
@@ -47,8 +47,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     from folnet.train.pretrain.config import PretrainConfig
 
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="TOML file of options over the defaults shown here (those of "
-                   "folnet/specs/train/pretrain.toml over the built-in ones); flags override both")
+                   help="TOML file of options over the defaults shown here; flags override both")
     add_flags(p, PretrainConfig, {
         "model": lambda q, text: q.add_argument(
             "--model", metavar="KEY=VALUE", action="append", type=_model_item, default=None,

@@ -1,13 +1,13 @@
 """`PretrainConfig`: every pretraining option in one frozen dataclass, loadable from TOML.
 
 Precedence, lowest first: the dataclass defaults, the defaults file
-``folnet/specs/train/pretrain.toml``, a ``--config FILE`` (or a bundled name), then command-line
-flags. Each data default is written once: an option that `PretrainDataConfig` also has (``seq_len``,
-``objective``, ``encoding``, ...) takes its default from that dataclass, and the defaults file
-leaves it out; the file repeats only the run's own options, kept equal to the dataclass defaults by
-``tests/train/test_pretrain_defaults.py``. Each field maps to a flag of the same name with dashes
-(``batch_size`` -> ``--batch-size``), so error messages name the flag a user would type. Model size
-overrides (D1, D2, L, dropout, ...) go in a ``[model]`` table or ``--model KEY=VALUE``.
+``folnet/specs/train/pretrain.toml`` (empty as shipped: a setting there must differ from the
+dataclass's), a ``--config FILE`` (or a bundled name), then command-line flags. Each default is
+written once: here, or, for an option that `PretrainDataConfig` also has (``seq_len``,
+``objective``, ``encoding``, ...), in that dataclass. Each field maps to a flag of the same
+name with dashes (``batch_size`` -> ``--batch-size``), so error messages name the flag a user
+would type. Model size overrides (D1, D2, L, dropout, ...) go in a ``[model]`` table or
+``--model KEY=VALUE``.
 
 Why `batch_size` is the *global* batch (sequences per optimiser step over all processes and
 accumulation micro-batches): the paper's 131,072-sequence batch is a property of the recipe, not
@@ -22,12 +22,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from folnet.arch.config import OVERRIDES
 from folnet.errors import FolnetError, choices
 from folnet.ops.registry import ensure_registered, read_operator_file
 from folnet.ops.spec import parse_spec, spec_to_dict
 from folnet.read_files import read_json
 from folnet.train.data.checks import canonical_encoding
-from folnet.train.data.config import OBJECTIVES, PretrainDataConfig
+from folnet.train.data.config import DATA_AT_LEAST, OBJECTIVES, PretrainDataConfig
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.memory import parse_budget
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
@@ -36,10 +37,9 @@ from folnet.train.options import Options, load_layered, option, specs_file
 __all__ = ["MODEL_KEYS", "RESUME_FREE", "RESUME_RESCHEDULED", "PretrainConfig",
            "default_config_path", "load_pretrain_config"]
 
-# Model fields a user may override; vocab_size always comes from the tokenizer.
-MODEL_KEYS = ("D1", "D2", "L", "H", "S", "F1", "F2", "delta", "position", "type_vocab_size",
-              "dropout", "attention_dropout", "backend", "max_positions", "layer_norm_eps",
-              "initializer_range")
+# Model fields a run may override: build_model's (`folnet.arch.config.OVERRIDES`) but
+# vocab_size, which always comes from the tokenizer.
+MODEL_KEYS = tuple(k for k in OVERRIDES if k != "vocab_size")
 # Options that may differ between a run and its resumption (they do not change the result).
 RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
                          "device", "log_every", "save_every", "keep_last", "out", "resume",
@@ -163,10 +163,9 @@ class PretrainConfig(Options):
 
     def __post_init__(self) -> None:
         self.check_types()
-        self.check_at_least((("kinship_documents", 1), ("vocab_size", 6), ("seq_len", 8),
-                             ("max_predictions", 1), ("batch_size", 1), ("grad_accum", 1),
-                             ("steps", 1), ("log_every", 1), ("save_every", 1),
-                             ("keep_last", 1), ("num_workers", 0), ("seed", 0),
+        self.check_at_least((*DATA_AT_LEAST.items(), ("vocab_size", 6), ("batch_size", 1),
+                             ("grad_accum", 1), ("steps", 1), ("log_every", 1),
+                             ("save_every", 1), ("keep_last", 1), ("num_workers", 0),
                              ("max_bad_steps", 1)))
         self.check_choices((("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
                             ("schedule", SCHEDULES), ("precision", PRECISIONS)))

@@ -3,7 +3,7 @@ another ``--steps``), or from pretrained weights (``--init-from``).
 
 `plan_start` decides and checks all of it before the run writes a file, so a refused resume or
 a contradicting option leaves the run directory as it was. ``--resume`` (latest) takes the
-newest intact checkpoint (`folnet.train.engine.checkpoints.resolve_resume`); the damaged ones
+newest intact checkpoint (`folnet.train.engine.step_checkpoints.resolve_resume`); the damaged ones
 it skipped are named in the run's notes.
 
 Why a resumption may change ``--steps`` and no other option: the total number of steps only

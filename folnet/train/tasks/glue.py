@@ -7,7 +7,7 @@ label). CoLA's train/dev files are the exception: they have no header and four f
 (source, label, original mark, sentence). Files are read with ``csv.QUOTE_NONE`` because
 GLUE sentences contain unbalanced quote characters that are text, not quoting. Every row must
 have as many fields as the header; a short or long row is an error quoting the file and its
-1-based line, never a silent skip. A field may be up to `folnet.files.CSV_FIELD_LIMIT`
+1-based line, never a silent skip. A field may be up to `folnet.read_files.CSV_FIELD_LIMIT`
 characters long (the csv module alone stops at 131,072 with an error naming no file); a longer
 one is an error naming the file, its line and the limit.
 """

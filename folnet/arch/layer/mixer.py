@@ -1,0 +1,203 @@
+"""The layer's mixer stage, one driver for every call: the query rows run in blocks, and the
+whole square is the one block of all of them.
+
+A block of rows r0:r1 reads what the operator specs say it needs (`block_reach`, fixed per
+layer): a tensor whose first token is the operator's query letter is projected from the
+block's row slab (of n1 or n2), a binary one whose last token is (``c``'s premise,
+bidirectionally) from its column slab, every other one (``t``'s premise, unary premises) once
+for all rows -- by the recomputed function's prologue, span by span, or, when a causal layer
+hands them to a context hook (its context channels), before it. Every reduction runs along a
+row's columns, so each block's softmax is exact: blocks give the whole square's outputs.
+
+Long inputs (`folnet.arch.layer.memory` decides when) run in blocks, each recomputed in
+the backward pass (`folnet.ops.kernels.recompute`), so that its projections, kernels and
+premises (N2 channels per pair) are alive for one block only; the binary update's residual
+dropout is then applied inside the blocks, so that the gradient they receive is the
+residual's own, not a second full-size tensor. Every other call is the one block of all rows,
+run as plain autograd ops, its operands projected in one pass over each stream.
+
+Key to shapes: B batch, Q query rows, R a block's rows, n tokens of the domain, D1/D2 stream
+widths, M1 concatenated unary outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from folnet.arch.layer.dispatch import Dispatch, Key, Mixer, Parts, Premasked
+from folnet.arch.layer.domain import ContextHook, Domain
+from folnet.ops import Operand
+from folnet.ops.kernels import dropout_add, keep_mask
+from folnet.ops.kernels.dropout import add_update, masked_scale
+from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
+
+__all__ = ["LayerCall", "Residual", "mix"]
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One residual update's dropout in a call: its keep mask (None: no dropout) and rate.
+    Drawn by `draw` before the stage runs, in the whole layer's order, so that blocks and the
+    whole square drop the same elements under one seed; applied by `add` to the update made
+    whole (one pass), or by `inside` to each recomputed block's piece (then `add` only adds)."""
+
+    mask: torch.Tensor | None
+    p: float = 0.0
+
+    @classmethod
+    def draw(cls, like: torch.Tensor, p: float, wanted: bool = True) -> Residual:
+        if not wanted or p == 0.0:
+            return cls(None)
+        return cls(keep_mask(like.shape, p, like.device), p)
+
+    def inside(self, piece: torch.Tensor, mask_rows: torch.Tensor | None) -> torch.Tensor:
+        """A recomputed block's piece of the update, dropped out with its rows of the mask."""
+        if mask_rows is None:
+            return piece
+        return masked_scale(piece, mask_rows, 1.0 / (1.0 - self.p))
+
+    def add(self, residual: torch.Tensor, update: torch.Tensor, *, applied: bool = False
+            ) -> torch.Tensor:
+        """``residual + dropout(update)``; ``applied``: the update was dropped out inside."""
+        if applied:  # a fresh tensor the blocks wrote: added into in place
+            return add_update(residual, update)
+        return dropout_add(residual, update, self.p, self.mask is not None, self.mask)
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """What one layer call decides before it computes anything, by name."""
+
+    domain: Domain
+    dispatch: Dispatch  # which operators run, on which routes
+    visible: torch.Tensor | None  # (B|1, Q, n, 1) the pairs a causal layer keeps, or None
+    spans: tuple[tuple[int, int], ...]  # the mixer's blocks of query rows
+    ffn_rows: int | None  # the binary FFN's rows per block (None: the whole square)
+    context: ContextHook | None  # a causal layer's context hand-off
+    attentions: dict[str, torch.Tensor] | None  # filled with the softmax kernels, on request
+    p: float  # the residual dropout rate (0 in eval)
+    recompute: bool  # the blocks recomputed in the backward pass (the memory mode's choice)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The operands every block reads whole, by key, with their index letters; how they reach
+    the blocks: made span by span by ``prologue`` (then ``inputs`` is empty), or made before
+    and passed in as ``inputs`` (a causal layer's context channels, which its hook must see);
+    and which of them are premasked."""
+
+    letters: dict[Key, tuple[str, ...]]
+    inputs: dict[Key, torch.Tensor]
+    prologue: Prologue | None
+    premasked: Premasked
+
+    def operands(self, block: Block) -> Parts:
+        """The shared operands as one block receives them (with their gradient sinks in the
+        backward pass, when the prologue made them)."""
+        given = block.made if self.prologue is not None else {k: block.inputs[k]
+                                                              for k in self.inputs}
+        sinks = block.sinks or {}
+        return {k: Operand(t, self.letters[k], sink=sinks.get(k)) for k, t in given.items()}
+
+
+def _shared(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall,
+            common: list[Key]) -> Shared:
+    """How the blocks get the operands ``common`` they read whole. Without a context hook a
+    prologue makes them span by span inside the recomputed function; a causal layer's hook
+    must see them (its context channels), so they are made here and handed in."""
+    dispatch = call.dispatch
+    if call.context is None:
+        letters = {k: layer.letters(k, dispatch.layouts[k]) for k in common}
+        # each made tensor's row axis: after the channels of a channels-first one
+        dims = {k: 1 + (len(layer.slots[k[0]].segment(k[1]).channels)
+                        if dispatch.layouts[k] == "cf" else 0) for k in common}
+
+        def rows_of(block: Block) -> dict[Key, torch.Tensor]:  # rows r0:r1 of each
+            parts = layer.project(block.slabs["n1 rows"], block.slabs["n2 rows"].contiguous(),
+                                  dispatch, common)
+            return {k: parts[k].tensor for k in common}
+
+        return Shared(letters, {}, Prologue(rows_of, dims) if common else None, {})
+    parts = layer.project(n1, n2, dispatch, common)
+    taken, premasked = layer.take_context(parts, call.visible, call.context)
+    parts.update(taken)
+    return Shared({k: op.letters for k, op in parts.items()},
+                  {k: op.tensor for k, op in parts.items()}, None, premasked)
+
+
+def _whole(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
+           ) -> tuple[Parts, Premasked]:
+    """The one block of all rows: every operand projected in one pass over each stream, and
+    the context hand-off made from them."""
+    parts = layer.project(n1, n2, call.dispatch, call.dispatch.keys())
+    if call.context is None:
+        return parts, {}
+    taken, premasked = layer.take_context(parts, call.visible, call.context)
+    parts.update(taken)
+    return parts, premasked
+
+
+def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: torch.Tensor,
+        n2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mixer over u1 (B, Q, D1), u2 (B, Q, n, D2) (n1, n2 their normalised forms) in
+    ``call.spans``; returns both updated, the residual added."""
+    dispatch, domain = call.dispatch, call.domain
+    writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
+    drop_u = Residual.draw(u1, call.p, "U" in writes)
+    drop_b = Residual.draw(u2, call.p, "B" in writes)  # (B, Q, n, D2)
+    if call.recompute:
+        reach = layer.reach(dispatch.wanted)
+        folded = [k for k in reach["all"] if dispatch.layouts[k] == "fold"]  # read whole n2
+        shared = _shared(layer, n1, n2, call, [k for k in reach["all"] if k not in folded])
+    count = n2.shape[1]
+    at = (domain.rows if domain.rows is not None
+          else torch.arange(count, device=n2.device))  # (Q,) domain positions
+
+    def block(b: Block) -> dict[str, torch.Tensor]:
+        if not call.recompute:  # all rows: the domain, its context and attentions as given
+            parts, premasked = _whole(layer, b.inputs["n1"], b.inputs["n2"], call)
+            sub, attentions = domain, call.attentions
+        else:
+            parts, premasked, attentions = shared.operands(b), shared.premasked, None
+            parts.update({k: layer.folded(k, b.inputs["n2"]) for k in folded})
+            # one contiguous copy of each slab, one block's worth: (B, R, D1), (B, R, n, D2),
+            # (B, n, R, D2)
+            parts.update(layer.project(b.slabs["n1 rows"], b.slabs["n2 rows"].contiguous(),
+                                       dispatch, reach["row"]))
+            if reach["col"]:
+                parts.update(layer.project(None, b.slabs["n2 cols"].contiguous(), dispatch,
+                                           reach["col"]))
+            rel = None if domain.rel_ids is None else domain.rel_ids.narrow(1, b.r0,
+                                                                            b.r1 - b.r0)
+            sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible,
+                         rows=at[b.r0 : b.r1], rel_ids=rel)
+        mixed_u, update = layer.updates(layer.operate(parts, dispatch, sub, premasked,
+                                                      attentions), sub)
+        if update is not None and call.recompute:  # (B, R, n, D2)
+            update = drop_b.inside(update, b.slabs.get("drop"))
+        return {name: t for name, t in (("unary", mixed_u), ("binary", update))
+                if t is not None}
+
+    inputs: dict = {"n1": n1, "n2": n2}
+    # n1's and n2's row slabs, n2's column slab on a full square (whose columns are its rows;
+    # query rows of a longer domain are causal, whose operators' causal form reads no column
+    # slab: that slab then goes unread)
+    slabs = {"n1 rows": Slab("n1", 1), "n2 rows": Slab("n2", 1),
+             "n2 cols": Slab("n2", 2 if domain.rows is None else 1)}
+    if call.recompute:
+        inputs.update(shared.inputs)
+        if drop_b.mask is not None:
+            inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
+        outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
+                                shared.prologue)
+    else:  # one block, autograd's graph kept
+        outs = block(Block(0, count, inputs, {}, {}, None))
+    if "unary" in outs:  # (B, Q, M1)
+        u1 = drop_u.add(u1, layer.out_u(outs["unary"]))
+    if "binary" in outs:  # (B, Q, n, D2)
+        u2 = drop_b.add(u2, outs["binary"], applied=call.recompute)
+        if call.visible is not None:
+            u2 = u2 * call.visible
+    return u1, u2

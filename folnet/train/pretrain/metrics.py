@@ -1,0 +1,92 @@
+"""What a pretraining step measures, by name: `StepMetrics`, and the log record made from it.
+
+A step adds its sums up on the device, micro-batch by micro-batch, in one float64 tensor
+(`StepMetrics.pack`): one all-reduce sums it over the processes and one host transfer reads it
+(`StepMetrics.unpack`), so naming the numbers costs no extra synchronisation. Sums, not means,
+travel: a mean over a step (or over the steps since the last log record) is a sum over all its
+sequences divided by their count, whatever the micro-batches and processes were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+__all__ = ["LOG_FIELDS", "StepMetrics", "bar_postfix", "log_record"]
+
+#: The columns of ``OUT/log.csv``: the keys of `log_record`.
+LOG_FIELDS = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm",
+              "tokens_per_s", "samples_per_s", "elapsed", "epoch", "samples", "tokens", "skipped")
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """Sums over the sequences of one step, or of the steps since the last log record: tensors
+    while a step adds them up on the device, floats once unpacked."""
+
+    mlm_loss_sum: float | torch.Tensor = 0.0  # cross-entropy summed over the MLM targets
+    nsp_loss_sum: float | torch.Tensor = 0.0  # NSP/SOP cross-entropy summed over sequences
+    mlm_correct: float | torch.Tensor = 0.0  # MLM targets predicted right
+    nsp_correct: float | torch.Tensor = 0.0  # sequences whose NSP/SOP label is predicted right
+    mlm_targets: float | torch.Tensor = 0.0  # MLM targets (masked positions)
+    sequences: float | torch.Tensor = 0.0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> torch.Tensor:
+        """A packed accumulator of zeros, ``[len(fields)]`` float64."""
+        return torch.zeros(len(fields(cls)), dtype=torch.float64, device=device)
+
+    def pack(self, device: torch.device) -> torch.Tensor:
+        """The fields, in order, as one ``[len(fields)]`` float64 tensor on ``device`` (to add
+        to an accumulator, all-reduce, read back with `unpack`)."""
+        return torch.stack([torch.as_tensor(getattr(self, f.name), dtype=torch.float64,
+                                            device=device) for f in fields(self)])
+
+    @classmethod
+    def unpack(cls, values: Sequence[float]) -> StepMetrics:
+        """The named sums from a packed tensor's ``tolist()``."""
+        if len(values) != len(fields(cls)):
+            raise ValueError(f"expected {len(fields(cls))} sums, got {len(values)}")
+        return cls(*values)
+
+    @property
+    def loss(self) -> float:
+        """The objective: MLM loss per target plus NSP/SOP loss per sequence."""
+        return (self.mlm_loss_sum / max(self.mlm_targets, 1.0)
+                + self.nsp_loss_sum / max(self.sequences, 1.0))
+
+    def means(self) -> dict[str, float | None]:
+        """The logged losses and accuracies; None when no sequence was counted (every step
+        since the last record was skipped, and skipped steps add nothing)."""
+        targets, sequences = max(self.mlm_targets, 1.0), max(self.sequences, 1.0)
+        mlm_loss, nsp_loss = self.mlm_loss_sum / targets, self.nsp_loss_sum / sequences
+        means = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+                 "mlm_acc": self.mlm_correct / targets, "nsp_acc": self.nsp_correct / sequences}
+        return dict.fromkeys(means) if self.sequences == 0 else means
+
+
+def log_record(metrics: StepMetrics, *, step: int, lr: float, grad_norm: float | None,
+               tokens: int, seconds: float, elapsed: float, state: Mapping[str, Any]
+               ) -> dict[str, Any]:
+    """One record of ``OUT/log.csv``: ``metrics`` summed over the updated steps since the last
+    record (over ``seconds``, which read ``tokens``), the run's counters from ``state``."""
+    return {"step": step, **metrics.means(), "lr": lr, "grad_norm": grad_norm,
+            "tokens_per_s": tokens / seconds, "samples_per_s": metrics.sequences / seconds,
+            "elapsed": elapsed, "epoch": state["epoch"], "samples": state["samples"],
+            "tokens": state["tokens"], "skipped": state["skipped"]}
+
+
+def bar_postfix(objective: str) -> Callable[[Mapping[str, Any]], str]:
+    """What the progress bar shows after each logged step."""
+    def render(record: Mapping[str, Any]) -> str:
+        def num(key: str) -> float:
+            value = record.get(key)
+            return float(value) if isinstance(value, (int, float)) else float("nan")
+
+        return (f"loss {num('loss'):.3f} mlm_acc {num('mlm_acc'):.3f} {objective}_acc "
+                f"{num('nsp_acc'):.3f} tok/s {num('tokens_per_s'):,.0f}")
+
+    return render
