@@ -14,7 +14,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
 .PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators lint setup clean \
-	kinship-fixture
+	kinship-fixture docs
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: setup
+	$(DOCS_BUILD) --strict --quiet
 	$(PYTEST)
 	$(MAKE) --no-print-directory test-numerics
 
@@ -70,7 +71,8 @@ tolerances: setup
 	rm -f .tolerances-*.jsonl
 	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-native.jsonl $(PYTEST) -m numerics
 	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-default.jsonl $(OTHER_KERNELS) $(PYTEST) -m numerics
-	$(PY) tests/tolerance_report.py .tolerances-native.jsonl .tolerances-default.jsonl
+	$(PY) tests/tolerance_report.py .tolerances-native.jsonl .tolerances-default.jsonl \
+		--json docs/figures/tolerances.json
 
 # The main job: what pretraining with the operators buys, on the embedded symbolic kinship
 # corpus (no files needed): j.a and jmc.atp, pretrained against scratch, 3 seeds
@@ -90,6 +92,13 @@ kinship-fixture: setup
 	cp -r .kinship-fixture/final tests/fixtures/kinship-pretrained
 	cp .kinship-fixture/run_config.json tests/fixtures/kinship-pretrained/recipe.json
 	rm -rf .kinship-fixture
+
+# The documentation site (mkdocs.yml, docs/design.md section 13) into build/site/, which opens
+# from disk: build/site/index.html. `make test` runs the same build with --strict first.
+DOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build
+docs: setup
+	$(DOCS_BUILD) --strict
+	@echo "open build/site/index.html"
 
 lint: setup
 	$(PY) -m ruff check folnet tests benchmarks

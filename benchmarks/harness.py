@@ -9,6 +9,7 @@ case); on CUDA it is ``torch.cuda.max_memory_allocated``. FLOPs come from
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -133,11 +134,25 @@ def add_model_args(ap, ops: str) -> None:
     ap.add_argument("--batch", type=int, default=8)
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux), for the figures' "which machine"."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, object]:
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -39,7 +39,7 @@ def _hook(kind: str, source: Path, out: Path) -> Path:
 
 #: What the build reads from a source tree (setuptools writes its egg-info beside them, so the
 #: build runs on a copy: two builds of one checkout at once would race on it).
-BUILD_INPUTS = ("pyproject.toml", "README.md", "folnet")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "folnet")
 
 
 def build_dist(source: Path, out: Path) -> tuple[Path, Path]:

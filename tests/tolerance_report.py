@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("native", type=Path, help="the log of the machine's own kernels")
     parser.add_argument("other", type=Path, help="the log of the second kernel set")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the rows, the counts and the machine to this file "
+                        "(docs/figures/tolerances.json, which the design page renders)")
     args = parser.parse_args(argv)
     native, other = _read(args.native), _read(args.other)
     keys = sorted(native.keys() | other.keys())
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
           "comparison |")
     print("|---|---|---:|---:|---|")
     over = thin = 0
+    rows = []
     for key in keys:
         a, b = native.get(key, (float("nan"), "-")), other.get(key, (float("nan"), "-"))
         worst = max((x for x in (a, b) if x[0] == x[0]), default=(float("nan"), "-"))
@@ -76,9 +80,34 @@ def main(argv: list[str] | None = None) -> int:
         elif worst[0] > MARGIN and key[1] != "token lead":  # its gap is 10x a logits bound
             flag, thin = " **< 10x margin**", thin + 1
         print(f"| {key[0]} | {key[1]} | {a[0]:.2g} | {b[0]:.2g} | {worst[1]}{flag} |")
+        rows.append({"test": key[0], "bound": key[1], "native": a[0], "other": b[0],
+                     "worst": worst[1], "flag": flag.strip(" *")})
     print(f"\n{len(keys)} bounds; {over} exceeded, {thin} with less than a 10x margin "
           f"(largest share of a bound used on either kernel set above {MARGIN}).")
+    if args.json is not None:
+        _write_json(args.json, rows, over, thin)
     return 1 if over else 0
+
+
+def _write_json(path: Path, rows: list[dict], over: int, thin: int) -> None:
+    """The report as data, with when and where it was measured."""
+    import os
+    import platform
+    import time
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+               platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    machine = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+               "cpu_model": cpu, "cores": os.cpu_count(),
+               "time": time.strftime("%Y-%m-%d %H:%M:%S")}  # as benchmarks/harness.py says it
+    data = {"machine": machine, "margin": MARGIN, "bounds": len(rows),
+            "exceeded": over, "thin": thin,
+            "rows": [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+                     for r in rows]}
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

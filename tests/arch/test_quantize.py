@@ -36,8 +36,9 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
 #: 0.023; per-channel weights 0.021 (folnet), 0.015 (BERT). The error is the quantization's,
 #: not a kernel set's rounding; the bound is 10x the largest.
 INT8_REL = 0.25
-#: float16 weights (float32 products): measured 2.2e-4 (folnet) and 5.0e-4 (BERT); 10x.
-FP16_REL = 5e-3
+#: float16 weights (float32 products): measured 2.2e-4 (folnet) and 5.0e-4 (BERT) on both
+#: kernel sets; 20x the larger (5e-3 left BERT's at the 10x margin exactly).
+FP16_REL = 1e-2
 
 KINDS = ["encoder", "decoder", "encoder-decoder", "bert"]
 

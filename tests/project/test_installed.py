@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,10 @@ def test_the_wheel_holds_every_module_and_spec_of_the_tree(dist):
     assert any(name.startswith("folnet/specs/models/") for name in tree)
     assert wheel_files(wheel) == tree
     assert wheel.name == f"folnet-{folnet.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:  # the licence travels with the package
+        licence = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert len(licence) == 1
+        assert archive.read(licence[0]) == (ROOT / "LICENSE").read_bytes()
     assert sdist.name == f"folnet-{folnet.__version__}.tar.gz"
 
 

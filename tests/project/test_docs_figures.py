@@ -1,0 +1,82 @@
+"""Measured figures cannot drift from what was measured: every figure file under docs/figures/
+says when and on what it was measured, and the figures the README shows (it cannot render the
+site's generated parts) are those files' own -- the table row for row, the line under it
+word for word, the picture the run drew."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import re
+import sys
+
+import pytest
+from paths import ROOT
+
+FIGURES = ROOT / "docs" / "figures"
+README = ROOT / "README.md"
+
+
+@functools.cache
+def _hook():
+    spec = importlib.util.spec_from_file_location("folnet_docs_hook",
+                                                  ROOT / "docs" / "hooks" / "generated.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def _records() -> list:
+    return sorted(FIGURES.glob("*.json")) + sorted(FIGURES.glob("*/record.json"))
+
+
+@pytest.mark.parametrize("path", _records(), ids=lambda p: p.relative_to(FIGURES).as_posix())
+def test_every_figure_file_says_when_and_where(path):
+    machine = json.loads(path.read_text())["machine"]
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d", machine["time"])
+    assert machine["torch"] and (machine.get("cuda") or machine.get("cpu_model")
+                                 or machine.get("cpu"))
+
+
+def test_the_figure_files_are_there():
+    assert (FIGURES / "pretraining" / "record.json").is_file()
+    assert len(_records()) >= 2
+
+
+def test_the_readme_main_job_table_is_the_runs_own():
+    section = _section("The main job")
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    report = (FIGURES / "pretraining" / "results.md").read_text().splitlines()
+    assert len(rows) >= 3  # the header and a row per operator string
+    for row in rows:
+        assert row in report, f"README row not in docs/figures/pretraining/results.md: {row}"
+
+
+def test_the_readme_says_when_and_where_as_the_record_does():
+    section = _section("The main job")
+    line = f"Measured by {_hook().figure_demo_record('pretraining')}."
+    assert line in section.replace("\n", " ") or line in section, line
+
+
+def test_the_readme_picture_is_the_runs_own():
+    section = _section("The main job")
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", section)
+    assert pictures == ["docs/figures/pretraining/results.png"]
+    assert (ROOT / pictures[0]).is_file()
+
+
+def test_the_drift_checks_see_a_changed_figure(tmp_path):
+    """Not vacuous: a README cell that differs from the report fails the row check."""
+    report = (FIGURES / "pretraining" / "results.md").read_text().splitlines()
+    row = next(line for line in report if line.startswith("| jmc.atp RPE | 1000 |"))
+    changed = row.replace("0.921", "0.931")
+    assert changed != row and changed not in report
