@@ -37,7 +37,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: setup
-	$(DOCS_BUILD) --strict --quiet
+	$(DOCS_BUILD) --strict
 	$(PYTEST)
 	$(MAKE) --no-print-directory test-numerics
 
@@ -95,6 +95,7 @@ kinship-fixture: setup
 
 # The documentation site (mkdocs.yml, docs/design.md section 13) into build/site/, which opens
 # from disk: build/site/index.html. `make test` runs the same build with --strict first.
+# (never --quiet: it hides the warnings that --strict counts, and a broken link would pass)
 DOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build
 docs: setup
 	$(DOCS_BUILD) --strict
