@@ -71,3 +71,36 @@ def test_a_stale_name_is_caught(tmp_path):
                      "and `folnet.ops.kernels.sink.nothing_here()`.\n", encoding="utf-8")
     assert _unresolved([stale], tmp_path) == {"folnet.arch.memory": ["stale.md"],
                                               "folnet.ops.kernels.sink.nothing_here": ["stale.md"]}
+
+
+#: A project issue cited by number ("issue 30", "(issue 19, problem 4)"); another project's
+#: issue is cited with its repository before the number.
+ISSUE = re.compile(r"(?<!\w)[Ii]ssue \d+")
+
+
+def _issue_citations(files: list[Path], root: Path = ROOT) -> list[str]:
+    found = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in ISSUE.finditer(line):
+                words = line[:match.start()].split()
+                if not (words and "/" in words[-1]):  # "owner/repo issue N" is another's
+                    found.append(f"{path.relative_to(root).as_posix()}:{number}")
+    return found
+
+
+def _code_files() -> list[Path]:
+    return [p for folder in ("folnet", "tests", "benchmarks", "examples")
+            for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".toml")
+            and "__pycache__" not in p.parts and p != Path(__file__).resolve()]
+
+
+def test_no_issue_numbers_in_the_code():
+    """The repository does not hold the issues: a reader cannot follow the number."""
+    assert _issue_citations(_code_files()) == []
+
+
+def test_an_issue_number_is_caught(tmp_path):
+    cited = tmp_path / "cited.py"
+    cited.write_text("# fixed (issue 30)\n# see huggingface/tokenizers issue 1794\n")
+    assert _issue_citations([cited], tmp_path) == ["cited.py:1"]

@@ -256,11 +256,11 @@ def train_tokenizer(
 
     Why two passes over the input: the `tokenizers` WordPiece trainer numbers the continuing
     pieces (``##a``, ``##b``, ...) in hash-map order and breaks ties between equally frequent
-    merges by those numbers, so two trainings on the same text differ (huggingface/tokenizers
-    issue 1794). A first pass counts the characters and numbers every continuing piece in
-    sorted order before training. ``texts`` may therefore be a zero-argument callable that
-    yields the texts afresh on each call (for corpora too large to hold); a one-shot iterator
-    is read into a list.
+    merges by those numbers, so two trainings on the same text differ
+    (huggingface/tokenizers#1794). A first pass counts the characters and numbers every
+    continuing piece in sorted order before training. ``texts`` may therefore be a
+    zero-argument callable that yields the texts afresh on each call (for corpora too large to
+    hold); a one-shot iterator is read into a list.
 
     The alphabet is bounded too (`folnet.train.data.alphabet`): only the most frequent
     characters that fit in `vocab_size` are kept, with a warning when some are left out.

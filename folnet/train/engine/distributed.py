@@ -123,8 +123,14 @@ def init_distributed(device: str = "auto") -> DistContext:
                        backend=backend, owns_group=owns)
 
 
-def shutdown(ctx: DistContext) -> None:
+def shutdown(ctx: DistContext, *, finished: bool = False) -> None:
+    """Destroy the process group this run made. ``finished`` (every rank got to the end): meet
+    at a barrier first, so that no rank tears its group down while a peer still talks on it
+    (gloo aborted a rank at exit, now and then, when one left early). After a failure there is
+    no barrier: a peer may never arrive."""
     if ctx.owns_group and dist.is_initialized():
+        if finished and ctx.is_distributed:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -76,13 +76,16 @@ def pretrain(config: PretrainConfig) -> Path:
     lock = RunLock(out, what="pretraining run", enabled=ctx.is_main,
                    on_acquire=ckpt.remove_stale_temporaries)
     start = FreshStart(out, enabled=ctx.is_main)  # a failed start leaves nothing
+    finished = False
     try:
         with write_faults(out), start:
-            return _train(config, ctx, lock, start)
+            final = _train(config, ctx, lock, start)
+        finished = True
+        return final
     finally:
         lock.release()
         torch.use_deterministic_algorithms(deterministic)  # leave the caller's setting be
-        shutdown(ctx)
+        shutdown(ctx, finished=finished)
 
 
 # -- the steps ---------------------------------------------------------------------------------
