@@ -475,13 +475,10 @@ def figure_train_step() -> str:
 def step_estimate() -> str:
     """What one optimiser step at `folnet pretrain`'s default batch costs on the machine of
     the training-step figure, scaled from its measured micro-batch (a sentence for pages)."""
-    from folnet.train.options import read_toml
-    from folnet.train.pretrain.config import PretrainConfig, default_config_path
+    from folnet.train.pretrain.config import load_pretrain_config
 
     data = _read(FIGURES / "train_step.json")
-    batch = read_toml(default_config_path()).get(
-        "batch_size", next(f.default for f in dataclasses.fields(PretrainConfig)
-                           if f.name == "batch_size"))
+    batch = load_pretrain_config().batch_size  # what a run without options uses
     row = next(r for r in data["rows"] if r["ops"] == "jmc.atp" and r["dtype"] == "float32")
     per_step = row["step_s"] * batch / data["args"]["batch"]
     return (f"the default global batch is {batch} sequences per step; on the machine of the "

@@ -90,17 +90,8 @@ def test_a_bad_operator_file_is_one_line_before_anything_is_written(tmp_path, ca
     assert not run.exists()
 
 
-PLAN = tiny_plan("custom", """
-[[operators]]
-symbol = "q"
-name = "bprod"
-typing = "B <- B x U"
-kernel = "x y w"
-premise = "x h w"
-output = "x y h"
-bdim = "x"
-rdim = "w"
-
+# the same operator as a plan's own table
+PLAN = tiny_plan("custom", OPERATOR.replace("[[operator]]", "[[operators]]") + """
 [[rows]]
 ops = "j.a"
 

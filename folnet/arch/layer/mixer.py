@@ -152,8 +152,10 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
         folded = [k for k in reach["all"] if dispatch.layouts[k] == "fold"]  # read whole n2
         shared = _shared(layer, n1, n2, call, [k for k in reach["all"] if k not in folded])
     count = n2.shape[1]
-    at = (domain.rows if domain.rows is not None
-          else torch.arange(count, device=n2.device))  # (Q,) domain positions
+    at = None  # (Q,) the rows' domain positions, sliced per block (blocks only)
+    if call.recompute:
+        at = (domain.rows if domain.rows is not None
+              else torch.arange(count, device=n2.device))
 
     def block(b: Block) -> dict[str, torch.Tensor]:
         if not call.recompute:  # all rows: the domain, its context and attentions as given
