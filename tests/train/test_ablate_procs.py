@@ -1,5 +1,6 @@
-"""`folnet ablate --jobs N`: row processes never outlive their ablate, a row that is running
-elsewhere is not started twice, and row logs survive a kill and a resume intact.
+"""`folnet ablate --jobs N`: seed processes never outlive their ablate, a seed that is running
+elsewhere is not started twice, seeds of one row run side by side, the costliest rows' first,
+and row logs survive a kill and a resume intact.
 
 The killed ablates run as real subprocesses on a plan whose rows pretrain for far more steps
 than the test waits, so the rows are alive when their parent is killed. Processes are found by
@@ -9,6 +10,7 @@ started is killed in its ``finally`` so a failing test leaves nothing behind.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -22,6 +24,9 @@ from runs import tiny_plan
 
 from folnet.cli import main as cli_main
 from folnet.train.ablate.parallel import STOP_GRACE_SECONDS
+from folnet.train.ablate.plan import load_plan
+from folnet.train.ablate.run import seed_units
+from folnet.train.ablate.seeds import row_cost
 from folnet.train.engine.lock import RunLock, lock_holder
 
 pytestmark = [pytest.mark.slow,
@@ -135,7 +140,7 @@ def _cleanup(out: Path, *procs: subprocess.Popen) -> None:
 
 
 def _row_holder_pid(out: Path, row: str) -> object:
-    holder = lock_holder(out / "rows" / row)
+    holder = lock_holder(out / "rows" / row / "seed_0")
     return None if holder is None else holder.get("pid")
 
 
@@ -183,40 +188,42 @@ def test_sigterm_or_ctrl_c_to_the_ablate_stops_its_rows(tmp_path, sig):
         left = _gone_within(rows, 5.0)
         assert not left, f"row processes {[(p, rows[p]) for p in left]} outlived their ablate"
         printed = (tmp_path / "out-parent.log").read_text()
-        assert "== stopping 2 running row(s)" in printed, printed
-        for row in ROWS:  # each row unwound (its lock released), none left holding its row
+        assert "== stopping 2 running seed(s)" in printed, printed
+        for row in ROWS:  # each seed unwound (its lock released), none left holding its seed
             assert _row_holder_pid(out, row) is None
     finally:
         _cleanup(out, parent)
 
 
-def test_a_row_held_by_a_live_process_is_not_started_again_in_parallel(tmp_path):
-    """Another process holds row "first" (as a row process of an earlier, still running
-    ablate would): the resumed ablate runs only "second" and says why "first" was left."""
+def test_a_seed_held_by_a_live_process_is_not_started_again_in_parallel(tmp_path):
+    """Another process holds seed 0 of row "first" (as a seed process of an earlier, still
+    running ablate would): the resumed ablate runs only "second" and says why "first" was
+    left."""
     out = tmp_path / "out"
     plan = _plan(tmp_path, 3)
-    with RunLock(out / "rows" / "first", what="test row"):
+    with RunLock(out / "rows" / "first" / "seed_0", what="test seed"):
         proc = subprocess.run(
             [sys.executable, "-m", "folnet", "ablate", str(plan), "--out", str(out),
              "--jobs", "2", "--no-progress"], env=_env(), capture_output=True, text=True,
             timeout=120, stdin=subprocess.DEVNULL)
     printed = proc.stdout + proc.stderr
-    assert f"row 'first' is still running (pid {os.getpid()})" in printed, printed
-    assert not (out / "rows" / "first" / "seed_0").exists(), "the held row was started"
+    assert f"row 'first' seed 0 is still running (pid {os.getpid()})" in printed, printed
+    assert not (out / "rows" / "first" / "seed_0" / "pretrain").exists(), "the held seed ran"
     assert (out / "rows" / "second" / "result.json").is_file(), printed
-    assert proc.returncode == 2, printed  # incomplete: the error names the running row
+    assert proc.returncode == 2, printed  # incomplete: the error names the running seed
     assert "still running" in proc.stderr.strip().splitlines()[-1]
 
 
-def test_a_row_held_by_a_live_process_is_not_started_again_in_sequence(tmp_path, capsys):
+def test_a_seed_held_by_a_live_process_is_not_started_again_in_sequence(tmp_path, capsys):
     out = tmp_path / "out"
     plan = _plan(tmp_path, 3)
-    with RunLock(out / "rows" / "first", what="test row"):
+    with RunLock(out / "rows" / "first" / "seed_0", what="test seed"):
         code = cli_main(["ablate", str(plan), "--out", str(out), "--rows", "first",
                          "--no-progress", "--no-report"])
     captured = capsys.readouterr()
-    assert f"row 'first' is still running (pid {os.getpid()})" in captured.out + captured.err
-    assert not (out / "rows" / "first" / "seed_0").exists(), "the held row was started"
+    assert (f"row 'first' seed 0 is still running (pid {os.getpid()})"
+            in captured.out + captured.err)
+    assert not (out / "rows" / "first" / "seed_0" / "pretrain").exists(), "the held seed ran"
     assert code == 2
 
 
@@ -287,15 +294,37 @@ def test_jobs_run_every_seed_and_a_resume_redoes_only_the_unfinished_seed(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row in ROWS:
         assert all((out / "rows" / row / f"seed_{s}" / "result.json").is_file() for s in (0, 1))
+    # the seeds are the units: both of "first" (D2 16, the costlier) start before any ends
+    events = [line for line in proc.stdout.splitlines()
+              if line.startswith("== started") or line.endswith(": done")]
+    started = [e.split(" (pid")[0] for e in events if e.startswith("== started")]
+    assert started == [f"== started row {r!r} seed {s}" for r in ROWS for s in (0, 1)], events
+    assert events[1].startswith("== started row 'first' seed 1"), events
     kept = (out / "rows" / "second" / "seed_0" / "result.json").stat().st_mtime_ns
     (out / "rows" / "second" / "result.json").unlink()
     (out / "rows" / "second" / "seed_1" / "result.json").unlink()
     proc = run()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[first] finished earlier" in proc.stdout
+    assert "[second] seed 0 finished earlier" in proc.stdout  # not started: no process
     log = _read(out / "second.log").decode()
     resumed = log.rsplit("started again", 1)[1]
-    assert "[second] seed 0 finished earlier" in resumed
+    assert resumed.startswith(" by ablate pid"), resumed[:200]
     assert "[second] seed 1 done in" in resumed and "seed 0 done in" not in resumed
     assert (out / "rows" / "second" / "seed_0" / "result.json").stat().st_mtime_ns == kept
     assert (out / "rows" / "second" / "result.json").is_file()
+
+
+def test_the_costliest_rows_seeds_come_first(tmp_path):
+    """`seed_units` orders the unfinished seeds by the row's forward FLOPs, stable within a row,
+    and leaves out what is finished."""
+    plan = load_plan(_plan(tmp_path, 3))
+    cheap, costly = plan.rows[1], plan.rows[0]  # D2 8 and 16
+    assert row_cost(plan, costly) > row_cost(plan, cheap) > 0
+    reversed_plan = dataclasses.replace(plan, rows=(cheap, costly), seeds=2)
+    out = tmp_path / "out"
+    done = out / "rows" / cheap.slug / "seed_0" / "result.json"
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    units = seed_units(reversed_plan, reversed_plan.rows, out)
+    assert [(r.name, s) for r, s in units] == [("first", 0), ("first", 1), ("second", 1)]

@@ -36,10 +36,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    "finetune.max_steps=50, compare.scratch_steps=1 (repeatable; checked as the "
                    "plan's own keys, named in its report)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="rows run in parallel processes")
+                   help="seeds run in parallel processes, N at a time (the costliest "
+                   "rows' seeds first)")
     p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
-    # set by `--jobs N` on the row processes it starts: the ablate they must not outlive
+    # set by `--jobs N` on the seed processes it starts: the ablate they must not outlive, and
+    # the one seed of the row (--rows) each runs
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--seed-of-row", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_operators_flag(p)  # the plan's rows may use them; recorded with the plan
 
@@ -72,12 +75,16 @@ def _run(args: argparse.Namespace) -> int:
                  "tasks": tuple(args.tasks.split(",")) if args.tasks else None}
     # every row validated before anything trains
     plan = load_plan(args.plan, overrides, args.settings)
+    if args.seed_of_row is not None and not 0 <= args.seed_of_row < plan.seeds:
+        raise FolnetError(f"--seed-of-row must be a seed of the plan, 0 .. {plan.seeds - 1}, "
+                          f"got {args.seed_of_row}")
     tune_cpu_allocator()
     out = args.out or f"runs/ablate-{plan.name}"
     try:
-        with sigterm_exits():  # SIGTERM unwinds: row locks released, row processes stopped
+        with sigterm_exits():  # SIGTERM unwinds: seed locks released, seed processes stopped
             paths = run_plan(plan, out, jobs=args.jobs,
                              only=args.rows.split(",") if args.rows else None,
+                             seeds=None if args.seed_of_row is None else [args.seed_of_row],
                              progress=not args.no_progress, report=not args.no_report)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; the finished rows are kept in {str(out)!r} and a row "

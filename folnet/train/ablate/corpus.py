@@ -78,7 +78,7 @@ def _twins(corpus: list[KinshipExample], tests: list[KinshipExample]) -> dict[st
 def write_corpus(out: Path, data: str, *, documents: int, seed: int,
                  held: Mapping[str, list[KinshipExample]], tasks: Sequence[str]) -> Path:
     """Write the corpus of pretraining seed ``seed`` (unless it is there) without the
-    questions and families of ``held``; returns its path. Deterministic, so two row processes
+    questions and families of ``held``; returns its path. Deterministic, so two seed processes
     writing it at once write the same bytes."""
     path = corpus_file(out, data, seed)
     info_path = path.with_suffix(".json")

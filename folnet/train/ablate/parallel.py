@@ -1,12 +1,14 @@
-"""``folnet ablate --jobs N``: every row in a process of its own, N at a time, none of them
-outliving the ablate that started it.
+"""``folnet ablate --jobs N``: every seed of every row in a process of its own, N at a time,
+none of them outliving the ablate that started it.
 
-Each row runs as ``folnet ablate OUT/plan.json --rows ROW --parent-pid PID`` (the children read
-the effective plan, command-line overrides included), in a session of its own, and arms a
-parent-death signal at start-up (`folnet.train.engine.procs`): killing the ablate in any way,
-SIGKILL included, ends its rows; SIGTERM or Ctrl-C stops them in order first. A row process
-holds its row's lock (`folnet.train.ablate.rows`), so a rerun of the ablate never starts a row
-that a live process is still running: it says so and leaves the row out of that run.
+Each seed runs as ``folnet ablate OUT/plan.json --rows ROW --seed-of-row S --parent-pid PID``
+(the children read the effective plan, command-line overrides included), in a session of its
+own, and arms a parent-death signal at start-up (`folnet.train.engine.procs`): killing the
+ablate in any way, SIGKILL included, ends its seeds; SIGTERM or Ctrl-C stops them in order
+first. A seed process holds its seed's lock (`folnet.train.ablate.rows`), so a rerun of the
+ablate never starts a seed that a live process is still running: it says so and leaves the
+seed out of that run. The seeds come in the order they are given (`folnet.train.ablate.run`
+gives the costliest rows' first), each process starting as soon as one ends.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from folnet.train.ablate.plan import AblationRow
-from folnet.train.ablate.rows import open_row_log, row_dir, row_holder, row_log, running_message
+from folnet.train.ablate.rows import open_row_log, row_log, running_message, seed_dir, seed_holder
 from folnet.train.engine.memory import SHARE_ENV
 from folnet.train.engine.procs import stop_processes
 
@@ -32,17 +34,25 @@ STOP_GRACE_SECONDS = 10.0
 
 @dataclass
 class ParallelOutcome:
-    """Rows that did not finish: failed ones, and ones another live process is running."""
+    """Seeds that did not finish: failed ones, and ones another live process is running."""
 
-    failed: list[str] = field(default_factory=list)
-    busy: dict[str, dict[str, object]] = field(default_factory=dict)  # row name -> lock holder
+    failed: list[str] = field(default_factory=list)  # "row 'x' seed s"
+    busy: list[str] = field(default_factory=list)  # what `running_message` says of each
 
 
-def _spawn(row: AblationRow, out: Path, env: dict[str, str]) -> subprocess.Popen:
+Unit = tuple[AblationRow, int]  # a row and one of its seeds
+
+
+def _label(unit: Unit) -> str:
+    return f"row {unit[0].name!r} seed {unit[1]}"
+
+
+def _spawn(unit: Unit, out: Path, env: dict[str, str]) -> subprocess.Popen:
+    row, seed = unit
     cmd = [sys.executable, "-m", "folnet", "ablate", str(out / "plan.json"), "--out", str(out),
-           "--rows", row.name, "--jobs", "1", "--no-report", "--no-progress",
-           "--parent-pid", str(os.getpid())]
-    log = open_row_log(out, row)
+           "--rows", row.name, "--seed-of-row", str(seed), "--jobs", "1", "--no-report",
+           "--no-progress", "--parent-pid", str(os.getpid())]
+    log = open_row_log(out, row, seed)
     try:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)
@@ -50,54 +60,64 @@ def _spawn(row: AblationRow, out: Path, env: dict[str, str]) -> subprocess.Popen
         os.close(log)  # the child has its own copy
 
 
-def run_parallel(rows: Sequence[AblationRow], out: Path, jobs: int) -> ParallelOutcome:
-    """Run ``rows`` in ``jobs`` processes at a time, each given its share of the CPU threads.
-    Finished rows are skipped without a process; on any exception (SIGTERM via
-    `folnet.train.engine.procs.sigterm_exits`, Ctrl-C) the running rows are stopped before
-    it propagates."""
+def _start(unit: Unit, out: Path, env: dict[str, str], outcome: ParallelOutcome
+           ) -> subprocess.Popen | None:
+    """The unit's process, or None (and why, printed) when it is finished or held."""
+    row, seed = unit
+    done = seed_dir(out, row, seed) / "result.json"
+    if done.is_file():  # finished by another ablate since the units were listed
+        print(f"[{row.name}] seed {seed} finished earlier: {done}", flush=True)
+        return None
+    if (holder := seed_holder(out, row, seed)) is not None:
+        outcome.busy.append(running_message(row, seed, holder))
+        print(f"== {outcome.busy[-1]}; not started again", flush=True)
+        return None
+    proc = _spawn(unit, out, env)
+    print(f"== started {_label(unit)} (pid {proc.pid}, log: {row_log(out, row)})", flush=True)
+    return proc
+
+
+def _ended(unit: Unit, proc: subprocess.Popen, out: Path, outcome: ParallelOutcome) -> None:
+    row, seed = unit
+    if proc.returncode == 0:
+        print(f"== {_label(unit)}: done", flush=True)
+        return
+    holder = seed_holder(out, row, seed)  # lost a race to another ablate's seed process?
+    if holder is not None:
+        outcome.busy.append(running_message(row, seed, holder))
+        print(f"== {outcome.busy[-1]}; not run here", flush=True)
+    else:
+        outcome.failed.append(_label(unit))
+        print(f"== {_label(unit)}: FAILED (exit status {proc.returncode}; log: "
+              f"{row_log(out, row)})", flush=True)
+
+
+def run_parallel(units: Sequence[Unit], out: Path, jobs: int) -> ParallelOutcome:
+    """Run ``units`` (row, seed) in ``jobs`` processes at a time, each given its share of the
+    CPU threads. On any exception (SIGTERM via `folnet.train.engine.procs.sigterm_exits`,
+    Ctrl-C) the running seeds are stopped before it propagates."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1",  # a row killed mid-run keeps its log up to the kill
-           SHARE_ENV: str(jobs)}  # each row's 'auto' memory budget is its share
-    pending = list(rows)
-    running: list[tuple[AblationRow, subprocess.Popen]] = []
+           "PYTHONUNBUFFERED": "1",  # a seed killed mid-run keeps its log up to the kill
+           SHARE_ENV: str(jobs)}  # each seed's 'auto' memory budget is its share
+    pending = list(units)
+    running: list[tuple[Unit, subprocess.Popen]] = []
     outcome = ParallelOutcome()
     try:
         while pending or running:
             while pending and len(running) < jobs:
-                row = pending.pop(0)
-                done = row_dir(out, row) / "result.json"
-                if done.is_file():
-                    print(f"[{row.name}] finished earlier: {done}", flush=True)
-                elif (holder := row_holder(out, row)) is not None:
-                    outcome.busy[row.name] = holder
-                    print(f"== {running_message(row, holder)}; not started again", flush=True)
-                else:
-                    proc = _spawn(row, out, env)
-                    running.append((row, proc))
-                    print(f"== started {row.name} (pid {proc.pid}, log: {row_log(out, row)})",
-                          flush=True)
+                unit = pending.pop(0)
+                if (proc := _start(unit, out, env, outcome)) is not None:
+                    running.append((unit, proc))
             time.sleep(POLL_SECONDS)
             for item in list(running):
-                row, proc = item
-                if proc.poll() is None:
-                    continue
-                running.remove(item)
-                if proc.returncode == 0:
-                    print(f"== {row.name}: done", flush=True)
-                    continue
-                holder = row_holder(out, row)  # lost a race to another ablate's row process?
-                if holder is not None:
-                    outcome.busy[row.name] = holder
-                    print(f"== {running_message(row, holder)}; not run here", flush=True)
-                else:
-                    outcome.failed.append(row.name)
-                    print(f"== {row.name}: FAILED (exit status {proc.returncode}; log: "
-                          f"{row_log(out, row)})", flush=True)
+                if item[1].poll() is not None:
+                    running.remove(item)
+                    _ended(*item, out, outcome)
     except BaseException:
         if running:
-            print(f"== stopping {len(running)} running row(s): "
-                  f"{', '.join(row.name for row, _ in running)}", flush=True)
+            print(f"== stopping {len(running)} running seed(s): "
+                  f"{', '.join(_label(unit) for unit, _ in running)}", flush=True)
             stop_processes([proc for _, proc in running], grace=STOP_GRACE_SECONDS)
             print("== stopped; the same command resumes them", flush=True)
         raise

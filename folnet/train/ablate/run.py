@@ -12,11 +12,12 @@ Layout of ``OUT``::
     OUT/results.{md,csv,json,png}
 
 An interrupted run resumes: finished rows and finished seeds (their result.json) are skipped,
-and within a seed whatever finished (`folnet.train.ablate.seeds`). ``jobs > 1`` runs rows in
-parallel processes (`folnet.train.ablate.parallel`), which end with the ablate however it ends.
-Whoever runs a row holds its lock (`folnet.train.ablate.rows`): a row that another live process
-is running is reported and not started again, and the run ends with an error naming it (the
-report covers the rows finished so far).
+and within a seed whatever finished (`folnet.train.ablate.seeds`). ``jobs > 1`` runs the seeds
+of every row in parallel processes, the costliest rows' seeds first
+(`folnet.train.ablate.parallel`), which end with the ablate however it ends. Whoever runs a
+seed holds its lock (`folnet.train.ablate.rows`): a seed that another live process is running
+is reported and not started again, and the run ends with an error naming it (the report covers
+the rows finished so far). A row's summary is written by whoever finishes its last seed.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from folnet.train.ablate.overrides import select_rows
 from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
 from folnet.train.ablate.plan import AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
-from folnet.train.ablate.rows import RowBusy, claim_row, row_dir, running_message
-from folnet.train.ablate.seeds import finetune_config, pretrain_seed, run_seed
+from folnet.train.ablate.rows import RowBusy, claim_seed, row_dir, seed_dir
+from folnet.train.ablate.seeds import finetune_config, pretrain_seed, row_cost, run_seed
 from folnet.train.ablate.summary import summarise_cells, summarise_row
 from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.pretrain.config import PretrainConfig
@@ -43,7 +44,7 @@ from folnet.train.pretrain.config import PretrainConfig
 
 def _prepare_corpora(plan: AblationPlan, out: Path, seeds: Sequence[int]) -> None:
     """Write the held-out corpus of every pretraining seed that lacks one (`corpus`), before
-    any row starts: the row processes of ``--jobs N`` then only read them."""
+    any row starts: the seed processes of ``--jobs N`` then only read them."""
     if not corpus.holds_out(plan.data, plan.tasks):
         return
     documents = int(dict(plan.pretrain).get("kinship_documents",
@@ -75,24 +76,44 @@ def _corpus(plan: AblationPlan, out: Path, seed: int) -> str:
     return str(corpus.corpus_file(out, plan.data, pretrain_seed(plan, seed)))
 
 
-def run_row(plan: AblationPlan, row: AblationRow, out: Path, *, progress: bool = True,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Pretrain and finetune one row with each of the plan's seeds (resuming whatever is
-    already done), holding the row's lock meanwhile; returns the row's summary. Raises
-    `RowBusy` when another live process is running the row."""
+def run_row(plan: AblationPlan, row: AblationRow, out: Path, *,
+            seeds: Sequence[int] | None = None, progress: bool = True,
+            log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """Pretrain and finetune ``seeds`` of one row (default: every seed of the plan), resuming
+    whatever is already done, each under its seed's lock; then, when every seed of the row is
+    finished, write and return the row's summary (else None). Raises `RowBusy`, after the
+    other seeds ran, when other live processes are running some of them."""
     done = row_dir(out, row) / "result.json"
     if done.is_file():
         log(f"[{row.name}] finished earlier: {done}")
         return _read_row(done, plan)
-    with claim_row(out, row):
-        if done.is_file():  # finished by the process that held the row a moment ago
-            log(f"[{row.name}] finished earlier: {done}")
-            return _read_row(done, plan)
-        seeds = [run_seed(plan, row, out, seed, corpus=_corpus(plan, out, seed),
-                          progress=progress, log=log) for seed in range(plan.seeds)]
-        summary = summarise_row(seeds) if plan.compare is None else summarise_cells(seeds)
-        atomic_write_json(done, summary)
-        return summary
+    busy: dict[int, dict[str, object]] = {}
+    for seed in range(plan.seeds) if seeds is None else seeds:
+        if (seed_dir(out, row, seed) / "result.json").is_file():
+            log(f"[{row.name}] seed {seed} finished earlier: {seed_dir(out, row, seed)}")
+            continue  # read with the others by `finish_row`
+        try:
+            with claim_seed(out, row, seed):
+                run_seed(plan, row, out, seed, corpus=_corpus(plan, out, seed),
+                         progress=progress, log=log)
+        except RowBusy as taken:
+            busy.update(taken.holders)
+    if busy:
+        raise RowBusy(row, busy)
+    return finish_row(plan, row, out)
+
+
+def finish_row(plan: AblationPlan, row: AblationRow, out: Path) -> dict[str, Any] | None:
+    """The row's summary, written once every seed of it is finished (None until then). Two
+    processes finishing a row's last seeds at once both write the same summary, atomically."""
+    done = row_dir(out, row) / "result.json"
+    files = [seed_dir(out, row, s) / "result.json" for s in range(plan.seeds)]
+    if not all(f.is_file() for f in files):
+        return None
+    seeds = [json.loads(f.read_text()) for f in files]
+    summary = summarise_row(seeds) if plan.compare is None else summarise_cells(seeds)
+    atomic_write_json(done, summary)
+    return summary
 
 
 def _read_row(path: Path, plan: AblationPlan) -> dict[str, Any]:
@@ -118,48 +139,66 @@ def _check_out(plan: AblationPlan, out: Path) -> None:
 
 
 def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
-             only: Sequence[str] | None = None, progress: bool = True,
-             report: bool = True) -> dict[str, Path]:
-    """Run every row of ``plan`` (or the rows named in ``only``) and write the reports.
+             only: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+             progress: bool = True, report: bool = True) -> dict[str, Path]:
+    """Run every row of ``plan`` (or the rows named in ``only``; of each, the ``seeds`` given,
+    default all) and write the reports.
 
-    Rows that failed (``jobs > 1``) or that another live process is running are named in a
+    Seeds that failed (``jobs > 1``) or that another live process is running are named in a
     `FolnetError` raised after the report of the finished rows is written."""
     out = check_out(out, what="ablation")  # before anything is written
     rows = select_rows(plan.rows, only)
     with FreshStart(out) as fresh:  # a start refused here leaves nothing in OUT
         out.mkdir(parents=True, exist_ok=True)
         _check_out(plan, out)
-        _prepare_corpora(plan, out, range(plan.seeds))
+        _prepare_corpora(plan, out, range(plan.seeds) if seeds is None else seeds)
         fresh.begun()
     started = time.perf_counter()
-    if jobs <= 1 or len(rows) <= 1:
-        outcome = ParallelOutcome()
+    outcome = ParallelOutcome()
+    if jobs <= 1:
         for i, row in enumerate(rows, 1):
             print(f"== row {i}/{len(rows)}: {row.name}", flush=True)
             try:
-                run_row(plan, row, out, progress=progress)
+                run_row(plan, row, out, seeds=seeds, progress=progress)
             except RowBusy as busy:
-                outcome.busy[row.name] = busy.holder
+                outcome.busy.append(str(busy))
                 print(f"== {busy}; not started again", flush=True)
     else:
-        outcome = run_parallel(rows, out, jobs)
+        outcome = run_parallel(seed_units(plan, rows, out), out, jobs)
+        for row in rows:
+            finish_row(plan, row, out)  # (its last seed's process wrote it, unless it died)
     print(f"== {len(rows)} row(s) in {time.perf_counter() - started:.0f} s", flush=True)
     paths = _write_report(plan, out) if report else {}
     problems = []
     if outcome.failed:
-        problems.append(f"row(s) {outcome.failed} failed; see their logs in {str(out)!r}")
+        problems.append(f"{', '.join(outcome.failed)} failed; see the row logs in "
+                        f"{str(out)!r}")
     if outcome.busy:
-        names = ", ".join(running_message(r, h) for r, h in _named(plan, outcome.busy))
-        problems.append(f"{names}; not started again: rerun this command once it has "
-                        f"finished to complete the report")
+        problems.append(f"{'; '.join(outcome.busy)}; not started again: rerun this command "
+                        f"once it has finished to complete the report")
     if problems:
         raise FolnetError("; ".join(problems))
     return paths
 
 
-def _named(plan: AblationPlan, busy: dict[str, dict[str, object]]
-           ) -> list[tuple[AblationRow, dict[str, object]]]:
-    return [(row, busy[row.name]) for row in plan.rows if row.name in busy]
+def seed_units(plan: AblationPlan, rows: Sequence[AblationRow], out: Path
+           ) -> list[tuple[AblationRow, int]]:
+    """The unfinished seeds of ``rows``, the costliest rows' first (longest processing time
+    first: the cheap seeds fill in at the end, so no process waits long on the last one)."""
+    units = []
+    for row in rows:
+        if (row_dir(out, row) / "result.json").is_file():
+            print(f"[{row.name}] finished earlier: {row_dir(out, row) / 'result.json'}",
+                  flush=True)
+            continue
+        for seed in range(plan.seeds):
+            done = seed_dir(out, row, seed) / "result.json"
+            if done.is_file():
+                print(f"[{row.name}] seed {seed} finished earlier: {done}", flush=True)
+            else:
+                units.append((row, seed))
+    cost = {row.name: row_cost(plan, row) for row in {r.name: r for r, _ in units}.values()}
+    return sorted(units, key=lambda unit: -cost[unit[0].name])  # stable: seeds in order
 
 
 def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:

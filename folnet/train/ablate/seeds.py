@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
+from folnet.arch import FolnetModel, ModelConfig, build_model, model_info, read_metadata
 from folnet.atomic_write import atomic_write_json
 from folnet.train.ablate.plan import ARMS, LOSSES, AblationPlan, AblationRow
-from folnet.train.ablate.rows import row_dir
+from folnet.train.ablate.rows import seed_dir
 from folnet.train.engine.optim import warmup_steps_for
 from folnet.train.engine.runlog import read_log
 from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
@@ -45,14 +45,9 @@ from folnet.train.finetune.run import finetune
 from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
 from folnet.train.pretrain.loop import pretrain
 
-__all__ = ["finetune_config", "pretrain_seed", "run_seed", "seed_dir"]
+__all__ = ["finetune_config", "pretrain_seed", "row_cost", "run_seed"]
 
 Log = Callable[[str], None]
-
-
-def seed_dir(out: Path, row: AblationRow, seed: int) -> Path:
-    """The directory of one seed of one row."""
-    return row_dir(out, row) / f"seed_{seed}"
 
 
 def pretrain_seed(plan: AblationPlan, seed: int) -> int:
@@ -108,6 +103,17 @@ def _model_stats(cfg: ModelConfig, seq_len: int) -> dict[str, Any]:
         model = FolnetModel(cfg)
     info = model_info(model, seq_len)
     return {"params": info.total_params, "flops_per_token": info.flops_forward / seq_len}
+
+
+def row_cost(plan: AblationPlan, row: AblationRow) -> float:
+    """The forward FLOPs per sequence of the row's model at the plan's length: what orders
+    the seeds of ``--jobs N`` (the costliest rows first), counted on the meta device."""
+    pcfg = _pretrain_config(plan, row, Path("."), 0, data=plan.data, steps=None,
+                            progress=False)
+    with torch.device("meta"):
+        model = build_model(pcfg.ops, preset=pcfg.preset, vocab_size=pcfg.vocab_size,
+                            **pcfg.model_overrides)
+    return float(model_info(model, pcfg.seq_len).flops_forward)
 
 
 def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:

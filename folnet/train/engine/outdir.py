@@ -48,13 +48,16 @@ def _is_file(path: Path) -> bool:
 
 def is_run_dir(directory: str | os.PathLike[str]) -> bool:
     """Whether ``directory`` holds one of `RUN_MARKERS` as a regular file (not a link), or is
-    an ablation whose rows hold their locks (``rows/<row>/.lock``)."""
+    an ablation whose seeds hold their locks (``rows/<row>/seed_<s>/.lock``; before seeds were
+    the unit, ``rows/<row>/.lock``)."""
     root = Path(directory)
     if any(_is_file(root / name) for name in RUN_MARKERS):
         return True
     rows = root / "rows"
     if rows.is_dir() and not rows.is_symlink():
-        return any(_is_file(row / ".lock") for row in rows.iterdir())
+        return any(_is_file(row / ".lock") or any(_is_file(seed / ".lock")
+                                                  for seed in row.glob("seed_*"))
+                   for row in rows.iterdir() if row.is_dir() and not row.is_symlink())
     return False
 
 
