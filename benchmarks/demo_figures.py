@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("plan", help="a bundled plan name (pretraining, demo) or a TOML file")
     parser.add_argument("--out", required=True, help="the ablation's run directory")
-    parser.add_argument("--jobs", type=int, default=2, help="rows run at once (as make demo)")
+    parser.add_argument("--jobs", type=int, default=2, help="seeds run at once (as make demo)")
     parser.add_argument("--dest", default="docs/figures",
                         help="where PLAN/ with the report and record.json is written")
     parser.add_argument("--record-only", action="store_true",
