@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from folnet.arch import FolnetModel, ModelConfig, build_model, model_info, read_metadata
+from folnet.arch import FolnetModel, ModelConfig, model_info, read_metadata
+from folnet.arch.config import make_config
 from folnet.atomic_write import atomic_write_json
 from folnet.train.ablate.plan import ARMS, LOSSES, AblationPlan, AblationRow
 from folnet.train.ablate.rows import seed_dir
@@ -106,14 +107,13 @@ def _model_stats(cfg: ModelConfig, seq_len: int) -> dict[str, Any]:
 
 
 def row_cost(plan: AblationPlan, row: AblationRow) -> float:
-    """The forward FLOPs per sequence of the row's model at the plan's length: what orders
-    the seeds of ``--jobs N`` (the costliest rows first), counted on the meta device."""
+    """The forward FLOPs per token of the row's model at the plan's length (`_model_stats`):
+    what orders the seeds of ``--jobs N``, the costliest rows first."""
     pcfg = _pretrain_config(plan, row, Path("."), 0, data=plan.data, steps=None,
                             progress=False)
-    with torch.device("meta"):
-        model = build_model(pcfg.ops, preset=pcfg.preset, vocab_size=pcfg.vocab_size,
-                            **pcfg.model_overrides)
-    return float(model_info(model, pcfg.seq_len).flops_forward)
+    cfg = make_config(pcfg.ops, preset_name=pcfg.preset,
+                      overrides={"vocab_size": pcfg.vocab_size, **pcfg.model_overrides})
+    return float(_model_stats(cfg, pcfg.seq_len)["flops_per_token"])
 
 
 def _headline(task: str, payload: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
