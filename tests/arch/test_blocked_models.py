@@ -315,3 +315,24 @@ def test_ts_premise_gradient_goes_to_its_sink_on_the_fused_backend(monkeypatch):
     model(**batch).loss.backward()
     blocks = -(-T // 3) * len(model.encoder.layers)
     assert seen == [True] * blocks  # t's premise: one sink per block and layer, its only one
+
+
+@pytest.mark.parametrize("mode", ["full", "blocked"])
+def test_checkpointing_changes_no_dropout_draw(mode):
+    """Activation checkpointing keeps the atoms' binary dropout as its generator state and
+    redraws the mask in the backward pass; layers redraw theirs in their recomputation. The
+    loss and every gradient equal the run that stores every mask."""
+    torch.manual_seed(0)
+    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
+                               dropout=0.2, attention_dropout=0.1).train()
+    folnet.set_memory(model, mode, block_rows=3 if mode == "blocked" else None)
+    batch = _batch("encoder")
+    stored = _loss_and_grads(model, batch, seed=7)
+    model.set_activation_checkpointing(True)
+    redrawn = _loss_and_grads(model, batch, seed=7)
+    assert_rel(redrawn[0], stored[0], BOUND[torch.float32], f"{mode} loss")
+    assert stored[1].keys() == redrawn[1].keys()
+    for name, g in stored[1].items():
+        assert_rel(redrawn[1][name], g, BOUND[torch.float32], f"{mode} gradient of {name}")
+    rel = "encoder.atoms.relative.weight"
+    assert stored[1][rel].norm() > 0  # the redrawn mask's gradient reached the table

@@ -147,6 +147,26 @@ def test_dropout_add_and_determinism():
     assert_close(x.grad, kept.float() / 0.8, rtol=1e-5, atol=0, what="dropout_add gradient")
 
 
+@pytest.mark.numerics
+def test_a_redrawn_mask_gives_the_stored_masks_bits_and_generator():
+    """``redraw`` keeps the generator state, not the mask: its output, its gradient (taken
+    after other draws moved the generator on) and the generator after the forward are the
+    stored mask's, bit for bit -- and the backward's draw leaves the generator untouched."""
+    got = {}
+    for redraw in (False, True):
+        torch.manual_seed(4)
+        x = torch.randn(3, 40, 50, requires_grad=True)
+        y = kernels.dropout(x, 0.3, True, redraw=redraw)
+        after_forward = torch.rand(5)  # the next draw: the forward moved the generator alike
+        torch.randn(1000)  # draws between the passes, as a model's later layers make
+        y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(1)))
+        got[redraw] = (y.detach(), x.grad, after_forward, torch.rand(5))
+    for name, a, b in zip(("output", "gradient", "next draw", "draw after backward"),
+                          got[False], got[True], strict=True):
+        assert torch.equal(a, b), name
+    assert (got[True][1] == 0).float().mean().item() == pytest.approx(0.3, abs=0.03)
+
+
 def test_flop_counter_sees_onednn_products():
     x, w = _params((100, 32), (64, 32))
     with FlopCounterMode(display=False) as counter:

@@ -80,10 +80,13 @@ class Atoms(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 positions: torch.Tensor, rel_ids: torch.Tensor | None, n: int,
-                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                keep: torch.Tensor | None = None, *, lean: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids and token types (B, Q); positions (B|1, Q); rel_ids (B|1, Q, n) when the
         binary stream starts from relative positions; ``keep`` (B|1, Q, n, 1) zeroes the pairs
-        a causal row cannot see (lower-triangular atoms)."""
+        a causal row cannot see (lower-triangular atoms). ``lean`` (a run that saves memory:
+        activation checkpointing) keeps the binary dropout's generator state for the backward
+        pass, not its mask (`folnet.ops.kernels.dropout`)."""
         cfg = self.cfg
         B, Q = input_ids.shape
         u1 = self.embedding(input_ids)  # (B, Q, D1)
@@ -98,7 +101,7 @@ class Atoms(nn.Module):
             # the same atoms as normalising the B x Q x n lookup, for a fraction of the work.
             table = F.layer_norm(self.relative.weight, (cfg.D2,), eps=cfg.layer_norm_eps)
             u2 = F.embedding(rel_ids, table).expand(B, Q, n, cfg.D2)  # (B, Q, n, D2)
-            u2 = dropout(u2, cfg.dropout, self.training)
+            u2 = dropout(u2, cfg.dropout, self.training, redraw=lean)
         else:
             u2 = u1.new_zeros(B, Q, n, cfg.D2)
         return u1, (u2 if keep is None else u2 * keep)

@@ -72,7 +72,8 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
     updates (nothing would read them) and the binary atoms come back None. ``record`` collects
     the per-layer states it asks for (`Record`)."""
     cfg = atoms.cfg
-    u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep())
+    u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep(),
+                   lean=checkpointing)
     last = len(layers) - 1
     for i, layer in enumerate(layers):
         if record is not None:

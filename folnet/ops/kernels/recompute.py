@@ -28,6 +28,7 @@ import torch
 
 from folnet.ops.kernels.autocast import AutocastState
 from folnet.ops.kernels.functorch import transformed
+from folnet.ops.kernels.rng import replay, rng_state
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
 
@@ -122,7 +123,7 @@ class _RecomputedBlocks(torch.autograd.Function):
         made = job.made(inputs)
 
         def piece(r0: int, r1: int) -> Tensors:
-            job.states.append(_rng_state(device))
+            job.states.append(rng_state(device))
             return job.run(job.block(r0, r1, inputs, made))
 
         outs = _assemble(job.spans, piece)
@@ -157,9 +158,7 @@ class _RecomputedBlocks(torch.autograd.Function):
                     made = {k: t.requires_grad_() for k, t in job.made(saved).items()}
             sinks = {k: torch.zeros_like(t) for k, t in made.items()}
             for (r0, r1), state in zip(job.spans, ctx.states, strict=True):
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-                        torch.enable_grad(), restore():
-                    _set_rng_state(device, state)
+                with replay(device, state), torch.enable_grad(), restore():
                     block = _leaves(job, saved, wanted, r0, r1, made, sinks)
                     outs = job.run(block)
                     got = totals.grads([outs[k] for k in used],
@@ -285,19 +284,6 @@ def _accumulate(total: dict, key: Hashable, grad: torch.Tensor) -> None:
     else:  # the first gradient may be an expanded view (a broadcast bias): own it
         total[key] = grad.contiguous()
 
-
-
-def _rng_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    return torch.get_rng_state()
-
-
-def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
 
 
 def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int, int]],
