@@ -317,6 +317,43 @@ def test_ts_premise_gradient_goes_to_its_sink_on_the_fused_backend(monkeypatch):
     assert seen == [True] * blocks  # t's premise: one sink per block and layer, its only one
 
 
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_a_checkpointed_forward_keeps_no_residual_mask(kind, monkeypatch):
+    """Under activation checkpointing the forward keeps the layers' inputs and nothing else: the
+    blocks' recomputed function is held by the graph until the backward pass, so a mask it held
+    (through the block function's closure) would outlive the checkpoint's free -- a quarter of
+    the binary stream per layer, measured at the step's peak before this was fixed. Every mask
+    the mixer draws in the forward must be gone once the loss exists; the backward pass then
+    draws its own (the same, by the checkpoint's RNG state)."""
+    import gc
+    import weakref
+
+    from folnet.arch.layer import mixer
+
+    drawn: list = []
+
+    def recording(shape, p, device):
+        mask = keep_mask(shape, p, device)
+        drawn.append(weakref.ref(mask))
+        return mask
+
+    keep_mask = mixer.keep_mask
+    monkeypatch.setattr(mixer, "keep_mask", recording)
+    torch.manual_seed(0)
+    head = "pretraining" if kind == "encoder" else None
+    model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, head=head, vocab_size=V,
+                               dropout=0.1).train()
+    model.set_activation_checkpointing(True)
+    folnet.set_memory(model, "blocked", block_rows=3)
+    loss = model(**_batch(kind)).loss
+    gc.collect()
+    assert len(drawn) >= 2 * len(model.plan.layers) - 1  # u1 and u2 residuals per layer
+    alive = [r for r in drawn if r() is not None]
+    assert not alive, f"{len(alive)} of {len(drawn)} residual masks outlived the forward"
+    loss.backward()  # the recomputation draws them again and the step completes
+    assert len(drawn) > 2 * len(model.plan.layers)
+
+
 @pytest.mark.parametrize("mode", ["full", "blocked"])
 def test_checkpointing_changes_no_dropout_draw(mode):
     """Activation checkpointing keeps the atoms' binary dropout as its generator state and

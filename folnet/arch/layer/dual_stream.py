@@ -117,10 +117,10 @@ class DualStreamLayer(nn.Module):
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
         return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
 
-    def _norm_binary(self, u2: torch.Tensor) -> torch.Tensor:
-        """LN of the binary stream, cast once under CPU autocast for all its readers (the
-        projection and every folded einsum), not once per reader (and one gradient conversion
-        per reader)."""
+    def norm_binary(self, u2: torch.Tensor) -> torch.Tensor:
+        """LN of the binary stream (or of a slab of it: LN is per pair), cast once under CPU
+        autocast for all its readers (the projection and every folded einsum), not once per
+        reader (and one gradient conversion per reader)."""
         n2 = self._norm(u2, self.cfg.D2)
         dtype = autocast_dtype(n2.device)
         return n2 if dtype is None else n2.to(dtype)
@@ -243,16 +243,18 @@ class DualStreamLayer(nn.Module):
         activated kernel over the whole square, by symbol."""
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
-        n2 = self._norm_binary(u2)
-        call = self.begin(u2, n2, domain, context, unary_only, attentions)
-        u1, u2 = mix(self, call, u1, u2, n1, n2)
+        call = self.begin(u2, domain, context, unary_only, attentions)
+        # recomputed blocks without a context hand-off normalise their own slabs of u2: no
+        # normalised square is made, nor saved for the backward pass
+        lean = call.recompute and context is None
+        u1, u2 = mix(self, call, u1, u2, n1, None if lean else self.norm_binary(u2))
         drop_u = Residual.draw(u1, call.p)
         u1 = drop_u.add(u1, self.ffn_u(self._norm(u1, cfg.D1)))
         if unary_only:
             return u1, None
         return u1, self.binary_ffn_stage(u2, call)
 
-    def begin(self, u2: torch.Tensor, n2: torch.Tensor, domain: Domain,
+    def begin(self, u2: torch.Tensor, domain: Domain,
               context: ContextHook | None, unary_only: bool,
               attentions: dict[str, torch.Tensor] | None) -> LayerCall:
         """What this call decides before it computes anything (`LayerCall`): the operators and
@@ -267,7 +269,9 @@ class DualStreamLayer(nn.Module):
         # while exporting) length
         spans = ((0, count),) if step is None else tuple(
             (r0, min(count, r0 + step)) for r0 in range(0, count, step))
-        return LayerCall(domain=domain, dispatch=self.dispatch(n2, domain, unary_only),
+        dtype = autocast_dtype(u2.device)  # the normalised stream's: its operators' calls
+        like = u2 if dtype is None else u2.new_empty((), dtype=dtype)
+        return LayerCall(domain=domain, dispatch=self.dispatch(like, domain, unary_only),
                          visible=domain.keep(), spans=spans,
                          ffn_rows=rows["ffn"] if domain.rows is None else None,
                          context=context, attentions=attentions,

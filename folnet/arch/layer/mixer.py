@@ -13,8 +13,11 @@ Long inputs (`folnet.arch.layer.memory` decides when) run in blocks, each recomp
 the backward pass (`folnet.ops.kernels.recompute`), so that its projections, kernels and
 premises (N2 channels per pair) are alive for one block only; the binary update's residual
 dropout is then applied inside the blocks, so that the gradient they receive is the
-residual's own, not a second full-size tensor. Every other call is the one block of all rows,
-run as plain autograd ops, its operands projected in one pass over each stream.
+residual's own, not a second full-size tensor, and (without a context hand-off) the blocks
+normalise their own slabs of u2, so that what the recomputed function saves is u2 -- the
+layer's input, kept anyway -- not a normalised copy of the square. Every other call is the
+one block of all rows, run as plain autograd ops, its operands projected in one pass over
+each stream.
 
 Key to shapes: B batch, Q query rows, R a block's rows, n tokens of the domain, D1/D2 stream
 widths, M1 concatenated unary outputs.
@@ -22,6 +25,7 @@ widths, M1 concatenated unary outputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,11 +56,13 @@ class Residual:
             return cls(None)
         return cls(keep_mask(like.shape, p, like.device), p)
 
-    def inside(self, piece: torch.Tensor, mask_rows: torch.Tensor | None) -> torch.Tensor:
-        """A recomputed block's piece of the update, dropped out with its rows of the mask."""
+    @staticmethod
+    def inside(piece: torch.Tensor, mask_rows: torch.Tensor | None, p: float) -> torch.Tensor:
+        """A recomputed block's piece of the update, dropped out at rate ``p`` with its rows of
+        the mask (a static method: the blocks' function must not hold the whole mask)."""
         if mask_rows is None:
             return piece
-        return masked_scale(piece, mask_rows, 1.0 / (1.0 - self.p))
+        return masked_scale(piece, mask_rows, 1.0 / (1.0 - p))
 
     def add(self, residual: torch.Tensor, update: torch.Tensor, *, applied: bool = False
             ) -> torch.Tensor:
@@ -84,12 +90,14 @@ class LayerCall:
 @dataclass(frozen=True)
 class Shared:
     """The operands every block reads whole, by key, with their index letters; how they reach
-    the blocks: made span by span by ``prologue`` (then ``inputs`` is empty), or made before
-    and passed in as ``inputs`` (a causal layer's context channels, which its hook must see);
-    and which of them are premasked."""
+    the blocks: made span by span by ``prologue`` (then ``given`` is empty), or made before
+    and passed in as inputs of those names (a causal layer's context channels, which its hook
+    must see); and which of them are premasked. It holds no tensor: the blocks' function
+    keeps it until its backward pass, and under activation checkpointing that is also the
+    first forward's function -- a tensor held here would outlive the checkpoint's free."""
 
     letters: dict[Key, tuple[str, ...]]
-    inputs: dict[Key, torch.Tensor]
+    given: tuple[Key, ...]
     prologue: Prologue | None
     premasked: Premasked
 
@@ -97,16 +105,18 @@ class Shared:
         """The shared operands as one block receives them (with their gradient sinks in the
         backward pass, when the prologue made them)."""
         given = block.made if self.prologue is not None else {k: block.inputs[k]
-                                                              for k in self.inputs}
+                                                              for k in self.given}
         sinks = block.sinks or {}
         return {k: Operand(t, self.letters[k], sink=sinks.get(k)) for k, t in given.items()}
 
 
-def _shared(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall,
-            common: list[Key]) -> Shared:
-    """How the blocks get the operands ``common`` they read whole. Without a context hook a
-    prologue makes them span by span inside the recomputed function; a causal layer's hook
-    must see them (its context channels), so they are made here and handed in."""
+def _shared(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor | None, call: LayerCall,
+            common: list[Key], norm: Callable[[torch.Tensor], torch.Tensor]
+            ) -> tuple[Shared, dict[Key, torch.Tensor]]:
+    """How the blocks get the operands ``common`` they read whole, and the tensors handed in
+    for them. Without a context hook a prologue makes them span by span inside the recomputed
+    function (nothing handed in); a causal layer's hook must see them (its context channels),
+    so they are made here and handed in."""
     dispatch = call.dispatch
     if call.context is None:
         letters = {k: layer.letters(k, dispatch.layouts[k]) for k in common}
@@ -115,16 +125,21 @@ def _shared(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall,
                         if dispatch.layouts[k] == "cf" else 0) for k in common}
 
         def rows_of(block: Block) -> dict[Key, torch.Tensor]:  # rows r0:r1 of each
-            parts = layer.project(block.slabs["n1 rows"], block.slabs["n2 rows"].contiguous(),
+            parts = layer.project(block.slabs["n1 rows"], norm(block.slabs["n2 rows"]),
                                   dispatch, common)
             return {k: parts[k].tensor for k in common}
 
-        return Shared(letters, {}, Prologue(rows_of, dims) if common else None, {})
+        return Shared(letters, (), Prologue(rows_of, dims) if common else None, {}), {}
     parts = layer.project(n1, n2, dispatch, common)
     taken, premasked = layer.take_context(parts, call.visible, call.context)
     parts.update(taken)
-    return Shared({k: op.letters for k, op in parts.items()},
-                  {k: op.tensor for k, op in parts.items()}, None, premasked)
+    return (Shared({k: op.letters for k, op in parts.items()}, tuple(parts), None, premasked),
+            {k: op.tensor for k, op in parts.items()})
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A slab of the normalised stream as the projections read it (one copy, one block's)."""
+    return t.contiguous()
 
 
 def _whole(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
@@ -140,22 +155,27 @@ def _whole(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
 
 
 def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: torch.Tensor,
-        n2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixer over u1 (B, Q, D1), u2 (B, Q, n, D2) (n1, n2 their normalised forms) in
-    ``call.spans``; returns both updated, the residual added."""
+    ``call.spans``; returns both updated, the residual added. ``n2`` None (recomputed blocks
+    without a context hand-off, `lean`): the blocks normalise their own slabs of u2."""
     dispatch, domain = call.dispatch, call.domain
     writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
     drop_u = Residual.draw(u1, call.p, "U" in writes)
     drop_b = Residual.draw(u2, call.p, "B" in writes)  # (B, Q, n, D2)
+    # what the blocks read of the binary stream, and how they normalise what they read
+    binary, norm = (u2, layer.norm_binary) if n2 is None else (n2, _contiguous)
     if call.recompute:
         reach = layer.reach(dispatch.wanted)
         folded = [k for k in reach["all"] if dispatch.layouts[k] == "fold"]  # read whole n2
-        shared = _shared(layer, n1, n2, call, [k for k in reach["all"] if k not in folded])
-    count = n2.shape[1]
+        shared, handed = _shared(layer, n1, n2, call, [k for k in reach["all"]
+                                                       if k not in folded], norm)
+    rate = drop_b.p  # what the blocks read of the residual's dropout: its mask comes as a slab
+    count = u2.shape[1]
     at = None  # (Q,) the rows' domain positions, sliced per block (blocks only)
     if call.recompute:
         at = (domain.rows if domain.rows is not None
-              else torch.arange(count, device=n2.device))
+              else torch.arange(count, device=u2.device))
 
     def block(b: Block) -> dict[str, torch.Tensor]:
         if not call.recompute:  # all rows: the domain, its context and attentions as given
@@ -163,13 +183,15 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
             sub, attentions = domain, call.attentions
         else:
             parts, premasked, attentions = shared.operands(b), shared.premasked, None
-            parts.update({k: layer.folded(k, b.inputs["n2"]) for k in folded})
-            # one contiguous copy of each slab, one block's worth: (B, R, D1), (B, R, n, D2),
-            # (B, n, R, D2)
-            parts.update(layer.project(b.slabs["n1 rows"], b.slabs["n2 rows"].contiguous(),
+            if folded:  # (B, Q, n, D2) whole, normalised again per block when lean
+                whole = norm(b.inputs["n2"])
+                parts.update({k: layer.folded(k, whole) for k in folded})
+            # one contiguous (normalised) copy of each slab, one block's worth: (B, R, D1),
+            # (B, R, n, D2), (B, n, R, D2)
+            parts.update(layer.project(b.slabs["n1 rows"], norm(b.slabs["n2 rows"]),
                                        dispatch, reach["row"]))
             if reach["col"]:
-                parts.update(layer.project(None, b.slabs["n2 cols"].contiguous(), dispatch,
+                parts.update(layer.project(None, norm(b.slabs["n2 cols"]), dispatch,
                                            reach["col"]))
             rel = None if domain.rel_ids is None else domain.rel_ids.narrow(1, b.r0,
                                                                             b.r1 - b.r0)
@@ -178,18 +200,20 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
         mixed_u, update = layer.updates(layer.operate(parts, dispatch, sub, premasked,
                                                       attentions), sub)
         if update is not None and call.recompute:  # (B, R, n, D2)
-            update = drop_b.inside(update, b.slabs.get("drop"))
+            update = Residual.inside(update, b.slabs.get("drop"), rate)
         return {name: t for name, t in (("unary", mixed_u), ("binary", update))
                 if t is not None}
 
-    inputs: dict = {"n1": n1, "n2": n2}
+    # "n2": n2, or u2 when the blocks normalise it (then the recomputed function saves only
+    # u2, which the layer keeps anyway, not a normalised copy of the square)
+    inputs: dict = {"n1": n1, "n2": binary}
     # n1's and n2's row slabs, n2's column slab on a full square (whose columns are its rows;
     # query rows of a longer domain are causal, whose operators' causal form reads no column
     # slab: that slab then goes unread)
     slabs = {"n1 rows": Slab("n1", 1), "n2 rows": Slab("n2", 1),
              "n2 cols": Slab("n2", 2 if domain.rows is None else 1)}
     if call.recompute:
-        inputs.update(shared.inputs)
+        inputs.update(handed)
         if drop_b.mask is not None:
             inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
         outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
