@@ -26,7 +26,13 @@ from typing import Any
 
 from folnet.atomic_write import atomic_write_json, atomic_write_text
 from folnet.train.data.documents import EMBEDDED, kinship_documents, kinship_examples
-from folnet.train.data.kinship import HeldOut, KinshipExample, chain_of, question_key
+from folnet.train.data.kinship import (
+    HeldOut,
+    KinshipExample,
+    chain_of,
+    question_key,
+    symbolic_documents,
+)
 from folnet.train.data.sources import KINSHIP_SYMBOLIC
 from folnet.train.tasks import family_of
 from folnet.train.tasks import kinship as kinship_task
@@ -86,16 +92,20 @@ def write_corpus(out: Path, data: str, *, documents: int, seed: int,
         return path
     everything = [q for split in HELD_OUT_SPLITS for q in held[split]]
     held_out = HeldOut.of(everything)
-    docs = kinship_documents(data, documents, seed, held_out)
+    kept = None  # a question corpus's questions: drawn once, for its documents and its shapes
+    if data == KINSHIP_SYMBOLIC:
+        kept = kinship_examples(documents, seed, held_out)
+        docs = list(symbolic_documents(kept))  # as kinship_documents makes them
+    else:
+        docs = kinship_documents(data, documents, seed, held_out)
     info: dict[str, Any] = {
         "data": data, "seed": seed, "documents": len(docs), "tasks": list(tasks),
         "held_out": {"splits": list(HELD_OUT_SPLITS), "questions": len(held_out.questions),
                      "families": len(held_out.families)},
         "unfiltered_held": None, "test_shape_twins": None}
-    if data == KINSHIP_SYMBOLIC:  # a corpus of questions: what it would have held, and shapes
+    if kept is not None:  # a corpus of questions: what it would have held, and shapes
         info["unfiltered_held"] = sum(e in held_out for e in kinship_examples(documents, seed))
-        info["test_shape_twins"] = _twins(kinship_examples(documents, seed, held_out),
-                                          held["test"])
+        info["test_shape_twins"] = _twins(kept, held["test"])
     atomic_write_text(path, "\n\n".join("\n".join(d) for d in docs) + "\n")
     atomic_write_json(info_path, info)
     return path
