@@ -354,16 +354,18 @@ def test_a_checkpointed_forward_keeps_no_residual_mask(kind, monkeypatch):
     assert len(drawn) > 2 * len(model.plan.layers)
 
 
-@pytest.mark.parametrize("mode", ["full", "blocked"])
-def test_checkpointing_changes_no_dropout_draw(mode):
-    """Activation checkpointing keeps the atoms' binary dropout as its generator state and
-    redraws the mask in the backward pass; layers redraw theirs in their recomputation. The
-    loss and every gradient equal the run that stores every mask."""
+@pytest.mark.parametrize(("kind", "mode"), [("encoder", "full"), ("encoder", "blocked"),
+                                           ("decoder", "blocked"), ("encoder-decoder", "full")])
+def test_checkpointing_changes_no_dropout_draw(kind, mode):
+    """Activation checkpointing makes the binary atoms inside the first layer's checkpoint
+    (their dropout drawn again there, from its generator state); layers redraw their masks in
+    their recomputation. The loss and every gradient equal the run that stores every mask."""
     torch.manual_seed(0)
-    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
+    model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, vocab_size=V,
+                               head="pretraining" if kind == "encoder" else None,
                                dropout=0.2, attention_dropout=0.1).train()
     folnet.set_memory(model, mode, block_rows=3 if mode == "blocked" else None)
-    batch = _batch("encoder")
+    batch = _batch(kind)
     stored = _loss_and_grads(model, batch, seed=7)
     model.set_activation_checkpointing(True)
     redrawn = _loss_and_grads(model, batch, seed=7)
@@ -371,5 +373,38 @@ def test_checkpointing_changes_no_dropout_draw(mode):
     assert stored[1].keys() == redrawn[1].keys()
     for name, g in stored[1].items():
         assert_rel(redrawn[1][name], g, BOUND[torch.float32], f"{mode} gradient of {name}")
-    rel = "encoder.atoms.relative.weight"
-    assert stored[1][rel].norm() > 0  # the redrawn mask's gradient reached the table
+    rel = [n for n in stored[1] if n.endswith("atoms.relative.weight")]
+    assert rel and all(stored[1][n].norm() > 0 for n in rel)  # the tables were trained
+
+
+def test_a_checkpointed_stack_keeps_no_binary_atoms(monkeypatch):
+    """Checkpointed, the binary atoms (a square) are made inside the first layer's checkpoint
+    and dropped after its forward: none is alive once the loss exists. Without checkpointing
+    they are kept (the graph needs them): the check can fail."""
+    import gc
+    import weakref
+
+    from folnet.arch.layer.atoms import Atoms
+
+    made: list = []
+    binary = Atoms.binary
+
+    def recording(self, *args, **kwargs):
+        u2 = binary(self, *args, **kwargs)
+        made.append(weakref.ref(u2))
+        return u2
+
+    monkeypatch.setattr(Atoms, "binary", recording)
+    torch.manual_seed(0)
+    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=V,
+                               dropout=0.1).train()
+    alive = {}
+    for checkpointing in (False, True):
+        model.set_activation_checkpointing(checkpointing)
+        made.clear()
+        loss = model(**_batch("encoder")).loss
+        gc.collect()
+        alive[checkpointing] = sum(r() is not None for r in made)
+        assert made
+        loss.backward()
+    assert alive == {False: 1, True: 0}

@@ -84,18 +84,31 @@ class Atoms(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids and token types (B, Q); positions (B|1, Q); rel_ids (B|1, Q, n) when the
         binary stream starts from relative positions; ``keep`` (B|1, Q, n, 1) zeroes the pairs
-        a causal row cannot see (lower-triangular atoms). ``lean`` (a run that saves memory:
-        activation checkpointing) keeps the binary dropout's generator state for the backward
-        pass, not its mask (`folnet.ops.kernels.dropout`)."""
+        a causal row cannot see (lower-triangular atoms). ``lean``: see `binary`."""
+        u1 = self.unary(input_ids, token_type_ids, positions)
+        return u1, self.binary(rel_ids, u1, n, keep, lean=lean)
+
+    def unary(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+              positions: torch.Tensor) -> torch.Tensor:
+        """The unary atoms (B, Q, D1), their dropout drawn first (before `binary`'s)."""
         cfg = self.cfg
-        B, Q = input_ids.shape
         u1 = self.embedding(input_ids)  # (B, Q, D1)
         if self.token_type is not None:
             u1 = u1 + self.token_type(token_type_ids)
         if self.absolute is not None:
             u1 = u1 + self.absolute(positions)
-        u1 = dropout(F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps), cfg.dropout,
-                     self.training)
+        return dropout(F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps), cfg.dropout,
+                       self.training)
+
+    def binary(self, rel_ids: torch.Tensor | None, u1: torch.Tensor, n: int,
+               keep: torch.Tensor | None = None, *, lean: bool = False) -> torch.Tensor:
+        """The binary atoms (B, Q, n, D2) of the rows of ``u1`` (B, Q, D1). Cheap to make
+        again (a lookup in a small table), so an activation-checkpointed stack makes them
+        inside its first layer's checkpoint rather than keeping them (`run_stack`). ``lean``
+        (a run that saves memory) keeps the dropout's generator state for the backward pass,
+        not its mask (`folnet.ops.kernels.dropout`)."""
+        cfg = self.cfg
+        B, Q = u1.shape[:2]
         if self.relative is not None:
             # LayerNorm is per row, so normalise the (2 delta + 2)-row table, then look up:
             # the same atoms as normalising the B x Q x n lookup, for a fraction of the work.
@@ -104,4 +117,4 @@ class Atoms(nn.Module):
             u2 = dropout(u2, cfg.dropout, self.training, redraw=lean)
         else:
             u2 = u1.new_zeros(B, Q, n, cfg.D2)
-        return u1, (u2 if keep is None else u2 * keep)
+        return u2 if keep is None else u2 * keep

@@ -70,10 +70,17 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
     ``contexts`` gives each causal layer its context hook; ``checkpointing`` recomputes each
     layer in the backward pass. With ``relations=False`` the last layer skips its binary-stream
     updates (nothing would read them) and the binary atoms come back None. ``record`` collects
-    the per-layer states it asks for (`Record`)."""
+    the per-layer states it asks for (`Record`). Checkpointed (and nothing recorded), the
+    binary atoms are made inside the first layer's checkpoint, not kept through the step: a
+    lookup in a small table, they cost less to make again than a square to hold (the same
+    draws in the same order: the unary atoms' dropout, then theirs, then the layer's)."""
     cfg = atoms.cfg
-    u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep(),
-                   lean=checkpointing)
+    deferred = bool(checkpointing and record is None and layers and layers[0].training)
+    if deferred:
+        u1, u2 = atoms.unary(input_ids, token_type_ids, positions), None
+    else:
+        u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep(),
+                       lean=checkpointing)
     last = len(layers) - 1
     for i, layer in enumerate(layers):
         if record is not None:
@@ -83,7 +90,10 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
         if record is not None and record.attentions is not None:
             record.attentions.append({})
             kw["attentions"] = record.attentions[-1]
-        if checkpointing and layer.training:
+        if deferred and i == 0:  # (B, Q, n, D2) made, used and dropped inside the checkpoint
+            u1, u2 = torch.utils.checkpoint.checkpoint(
+                _from_atoms, atoms, layer, rel_ids, domain, u1, use_reentrant=False, **kw)
+        elif checkpointing and layer.training:
             u1, u2 = torch.utils.checkpoint.checkpoint(layer, u1, u2, domain,
                                                        use_reentrant=False, **kw)
         else:
@@ -94,6 +104,13 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
     if record is not None:
         record.states(u1, u2)
     return u1, u2
+
+
+def _from_atoms(atoms: Atoms, layer: DualStreamLayer, rel_ids: torch.Tensor | None,
+                domain: Domain, u1: torch.Tensor, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The first layer on the binary atoms of ``u1``'s rows, made here (`run_stack`)."""
+    u2 = atoms.binary(rel_ids, u1, domain.n, domain.keep(), lean=True)
+    return layer(u1, u2, domain, **kw)
 
 
 class Stack(nn.Module):
