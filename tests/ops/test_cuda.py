@@ -248,6 +248,27 @@ def test_blocked_rows_equal_the_whole_square(device, kind, dropout, bf16):
     assert all(grads_full[n].norm() > 0 for n in grads_full if "ffn_b" in n)
 
 
+@pytest.mark.parametrize("mode", ["full", "blocked"])
+def test_checkpointed_training_equals_the_stored_masks(device, mode):
+    """As tests/arch/test_blocked_models.py: under activation checkpointing the binary atoms
+    are made again inside the first layer's checkpoint, their dropout mask drawn again from
+    the device generator's saved state (`folnet.ops.kernels.rng.replay`), and every layer
+    redraws its masks: the loss and gradients equal the run that stores every mask."""
+    model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=60,
+                               dropout=0.2, attention_dropout=0.1).to(device).train()
+    folnet.set_memory(model, mode, block_rows=3 if mode == "blocked" else None)
+    batch = _blocked_batch("encoder", device)
+    loss_stored, grads_stored = _loss_and_grads(model, batch)
+    model.set_activation_checkpointing(True)
+    loss_redrawn, grads_redrawn = _loss_and_grads(model, batch)
+    assert grads_stored.keys() == grads_redrawn.keys() and len(grads_stored) > 10
+    # the same ops recomputed: float32 rounding of gradient sums in another order at most
+    assert_rel(loss_redrawn, loss_stored, 1e-4, f"{mode} loss")
+    for name, grad in grads_stored.items():
+        assert_rel(grads_redrawn[name], grad, 1e-4, f"{mode} gradient of {name}")
+    assert grads_stored["encoder.atoms.relative.weight"].norm() > 0
+
+
 def test_blocked_kernel_dropout_gradient_is_the_forwards(device):
     """Kernel dropout draws one mask per block; the backward must redraw each block's masks:
     the gradient along a random direction equals float64 central differences."""
