@@ -472,6 +472,28 @@ def figure_train_step() -> str:
                       "of the float32 product peak", "peak memory"], rows))
 
 
+def figure_step_tensors() -> str:
+    """benchmarks/step_tensors.py's table: what a long training step holds at its peak, by
+    category, the op that made it and its shape (the largest groups, then the rest)."""
+    data = _read(FIGURES / "step_tensors.json")
+    args, unit, shown = data["args"], data["unit_bytes"], 12
+    rows = [(r["category"], _code(r["op"]), "x".join(map(str, r["shape"])) or "?",
+             r["tensors"], f"{r['bytes'] / 2**20:.1f}", f"{r['bytes'] / unit:.2f}")
+            for r in data["rows"][:shown]]
+    rest = data["rows"][shown:]
+    if rest:
+        total = sum(r["bytes"] for r in rest)
+        rows.append((f"(the rest: {len(rest)} groups)", "", "", "", f"{total / 2**20:.1f}",
+                     f"{total / unit:.2f}"))
+    return (f"*Measured {machine_line(data['machine'])}; `benchmarks/step_tensors.py`, "
+            f"{_code(args['ops'])} {args['preset']}, T {args['seq_len']}, batch "
+            f"{args['batch']}, activation checkpointing {args['checkpointing']}, memory mode "
+            f"{args['mode']}: the step's peak {data['peak_bytes'] / 2**20:.0f} MiB above the "
+            f"steady state = {data['peak_bytes'] / unit:.1f} U (U = B x T² x D2 x 4 bytes = "
+            f"{unit / 2**20:.0f} MiB).*\n\n"
+            + _table(["category", "made by", "shape", "tensors", "MiB", "U"], rows))
+
+
 def step_estimate() -> str:
     """What one optimiser step at `folnet pretrain`'s default batch costs on the machine of
     the training-step figure, scaled from its measured micro-batch (a sentence for pages)."""
@@ -584,6 +606,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "operator-specs": operator_specs,
     "figure-hf-compile": figure_hf_compile,
     "figure-train-step": figure_train_step,
+    "figure-step-tensors": figure_step_tensors,
     "figure-generate": figure_generate,
     "figure-tolerances": figure_tolerances,
     "step-estimate": step_estimate,
