@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from folnet.errors import FolnetError
+from folnet.train.data.padding import trim_padding
 from folnet.train.engine.amp import autocast, check_precision, make_grad_scaler
 from folnet.train.engine.guard import (
     StepGuard,
@@ -66,17 +67,9 @@ def finetune_logger(out: Any, *, total_steps: int, tensorboard: bool, progress: 
 
 
 def trim(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Cut the token axis (the last) of every input to the longest real row of the batch."""
-    mask = batch.get("attention_mask")
-    if mask is None:
-        return dict(batch)
-    length = int(mask.flatten(0, -2).sum(-1).max())
-    width = mask.shape[-1]  # T; per-token tensors are [..., T] -> [..., length]
-    out = {}
-    for key, value in batch.items():
-        per_token = value.ndim == mask.ndim and value.shape[-1] == width
-        out[key] = value[..., :length] if per_token else value
-    return out
+    """Cut the token axis (the last) of every input after the batch's last real column
+    (`folnet.train.data.padding.trim_padding`, which the pretraining loop also uses)."""
+    return trim_padding(batch)
 
 
 def batches(tensors: Mapping[str, torch.Tensor], batch_size: int, *, shuffle: bool = False,

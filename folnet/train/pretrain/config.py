@@ -141,6 +141,9 @@ class PretrainConfig(Options):
     optimizer: str = option("lamb", "lamb or adamw")
     precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
     activation_checkpointing: bool = option(False, "recompute layers in backward to save memory")
+    trim_padding: bool = option(True, "cut each batch after its last column with a real token "
+                                "(the binary stream costs T^2): the same result up to rounding "
+                                "at dropout 0, other dropout draws otherwise")
     compile: bool = option(False, "torch.compile the encoder (slower than eager on CPU)")
     seed: int = _data_option("seed", "seed of data order, masks, dropout and initialisation")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True)")
