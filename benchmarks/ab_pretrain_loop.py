@@ -3,6 +3,11 @@ checkout, alternating short `folnet pretrain` runs in subprocesses.
 
     git worktree add /tmp/before <commit>
     python benchmarks/ab_pretrain_loop.py --against /tmp/before --pairs 3
+    # the main job's pretraining (tiny, symbolic kinship, T 64, batch 32, one thread):
+    OMP_NUM_THREADS=1 python benchmarks/ab_pretrain_loop.py --against /tmp/before --preset tiny \
+        --steps 40 -- --data kinship-symbolic --kinship-documents 2000 --vocab-size 128 \
+        --seq-len 64 --batch-size 32 --model dropout=0.0 --model initializer_range=0.15 \
+        --optimizer adamw
 
 `ab_step.py` times the model's training step alone; this times what the loop adds around it
 (the non-finite guard's gradient norm and host sync, the run lock, checksums at each save).
@@ -45,11 +50,17 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="first steps left out (warm-up)")
     parser.add_argument("--preset", default="small", help="model size preset")
     parser.add_argument("--ops", default="jmc.atp", help="operator string")
+    parser.add_argument("pretrain_args", nargs=argparse.REMAINDER,
+                        help="after --: more `folnet pretrain` flags, over the defaults here "
+                             "(the main job's pretraining: --data kinship-symbolic --seq-len 64 "
+                             "--batch-size 32 --model dropout=0.0 --optimizer adamw)")
     args = parser.parse_args()
+    extra = [a for a in args.pretrain_args if a != "--"]
     run_args = ["--ops", args.ops, "--preset", args.preset, "--data", "kinship",
                 "--kinship-documents", "300", "--vocab-size", "1000", "--seq-len", "128",
                 "--batch-size", "8", "--steps", str(args.steps), "--log-every", "1",
-                "--save-every", str(max(args.steps // 2, 1)), "--no-progress", "--seed", "1"]
+                "--save-every", str(max(args.steps // 2, 1)), "--no-progress", "--seed", "1",
+                *extra]
     sides = {"before": other_checkout(args.against, "ab_pretrain_loop.py"), "ours": ROOT}
     per_step: dict[str, list[float]] = {"before": [], "ours": []}
     ratios = []
@@ -65,7 +76,7 @@ def main() -> None:
             ratios.append(got["before"] / got["ours"])
             print(f"pair {pair + 1}: before {got['before']:.3f} s/step, "
                   f"ours {got['ours']:.3f} s/step, before/ours {ratios[-1]:.3f}", flush=True)
-    print(f"{args.ops} {args.preset}, batch 8, T 128: median s/step before "
+    print(f"{args.ops} {args.preset} {' '.join(extra) or 'batch 8, T 128'}: median s/step before "
           f"{statistics.median(per_step['before']):.3f}, ours "
           f"{statistics.median(per_step['ours']):.3f}; median before/ours "
           f"{statistics.median(ratios):.3f} over {args.pairs} pairs")
