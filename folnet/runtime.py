@@ -1,4 +1,5 @@
-"""Process-level settings that make FOLNet fast on a CPU.
+"""Process-level settings that make FOLNet fast on a CPU: the allocator, and torch's
+deterministic mode set without paying for it when it does not change (`deterministic_algorithms`).
 
 The binary stream's tensors are tens to hundreds of MiB each (B x T x T x channels). glibc
 serves allocations above its mmap threshold (at most 32 MiB) with fresh ``mmap`` pages and
@@ -24,6 +25,8 @@ import ctypes
 import ctypes.util
 import functools
 import os
+
+import torch
 
 from folnet.arch.layer.memory import AUTO_MIN_T
 
@@ -99,3 +102,15 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def deterministic_algorithms(enabled: bool, warn_only: bool = False) -> None:
+    """``torch.use_deterministic_algorithms(enabled, warn_only=warn_only)``, skipped when torch
+    is in that mode already: torch's first call imports its compiler stack (1.0 s measured), which
+    every `folnet pretrain` and every seed process of ``folnet ablate --jobs`` paid to set the
+    default it already had."""
+    now = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    if now[0] == enabled and (not enabled or now[1] == warn_only):
+        return
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)

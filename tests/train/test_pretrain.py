@@ -247,3 +247,29 @@ def test_trimmed_batches_train_as_the_padded_ones(tmp_path, monkeypatch):
     b = folnet.from_pretrained(tmp_path / "padded" / "final").state_dict()
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-5, worst
+
+
+def test_deterministic_mode_is_set_only_when_it_changes_and_the_callers_comes_back(
+        tmp_path, monkeypatch):
+    """torch's first use_deterministic_algorithms call imports its compiler stack (about 1 s per
+    process): a run at the default it already has makes no call; a run that changes it
+    restores the caller's mode, warn_only included."""
+    calls = []
+    real = torch.use_deterministic_algorithms
+
+    def counting(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", counting)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert main(tiny_run(tmp_path / "default")) == 0
+    assert calls == []
+    real(True, warn_only=True)
+    try:
+        assert main(tiny_run(tmp_path / "strict", "--deterministic")) == 0
+        assert calls == [((True,), {"warn_only": False}), ((True,), {"warn_only": True})]
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        real(False)

@@ -36,7 +36,12 @@ from torch import nn
 
 from folnet.atomic_write import write_faults
 from folnet.errors import FolnetError, Interrupted
-from folnet.runtime import release_free_memory, resident_bytes, tune_cpu_allocator
+from folnet.runtime import (
+    deterministic_algorithms,
+    release_free_memory,
+    resident_bytes,
+    tune_cpu_allocator,
+)
 from folnet.train.data.padding import trim_padding
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.amp import autocast
@@ -72,7 +77,8 @@ def pretrain(config: PretrainConfig) -> Path:
     # sequences excepted (`folnet.runtime`)
     tune_cpu_allocator(config.seq_len)
     ctx = init_distributed(config.device)
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
     # one run per OUT (rank 0 holds it); a full disk or read-only OUT is one line naming a file
     lock = RunLock(out, what="pretraining run", enabled=ctx.is_main,
                    on_acquire=ckpt.remove_stale_temporaries)
@@ -85,7 +91,7 @@ def pretrain(config: PretrainConfig) -> Path:
         return final
     finally:
         lock.release()
-        torch.use_deterministic_algorithms(deterministic)  # leave the caller's setting be
+        deterministic_algorithms(*deterministic)  # leave the caller's setting be
         shutdown(ctx, finished=finished)
 
 

@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from folnet.arch import build_model
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
+from folnet.runtime import deterministic_algorithms
 from folnet.train.data.masking import PretrainingCollator
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine import step_checkpoints as ckpt
@@ -98,7 +99,7 @@ def _claim(config: PretrainConfig, ctx: DistContext, lock: RunLock
     """Check the options against the machine and OUT, plan the start (resume, init-from), then
     claim OUT (the lock) and record the options; seeds the global generators."""
     check_precision(config.precision, ctx.device)
-    torch.use_deterministic_algorithms(config.deterministic)
+    deterministic_algorithms(config.deterministic)
     out = Path(config.out)
     if config.micro_batch % ctx.world_size:
         raise FolnetError(f"--batch-size {config.batch_size} / --grad-accum {config.grad_accum} "
