@@ -8,8 +8,8 @@ knows nothing about tasks, so the Python API can drive it with any batches (see
 `folnet.train.finetune.heads`).
 
 Why batches are trimmed (`trim`): inputs are encoded to the task's full length (128 to 512),
-but FOLNet's binary stream costs T^2 and its ``t`` operator T^3, so cutting every batch to its
-longest real row is the largest speed-up on short-text tasks. Pad positions are removed from
+but FOLNet's binary stream costs T^2 and its ``t`` operator T^3, so cutting every batch after its
+last real column is the largest speed-up on short-text tasks. Pad positions are removed from
 every reduction by the attention mask, so trimming does not change any real token's output.
 
 Every step passes `folnet.train.engine.guard.StepGuard`: a step whose loss or gradient norm is
@@ -66,10 +66,8 @@ def finetune_logger(out: Any, *, total_steps: int, tensorboard: bool, progress: 
                        progress=progress)
 
 
-def trim(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Cut the token axis (the last) of every input after the batch's last real column
-    (`folnet.train.data.padding.trim_padding`, which the pretraining loop also uses)."""
-    return trim_padding(batch)
+#: finetuning's name for `folnet.train.data.padding.trim_padding` (the pretraining loop's too)
+trim = trim_padding
 
 
 def batches(tensors: Mapping[str, torch.Tensor], batch_size: int, *, shuffle: bool = False,
@@ -97,7 +95,7 @@ def batches(tensors: Mapping[str, torch.Tensor], batch_size: int, *, shuffle: bo
         starts = [starts[i] for i in torch.randperm(len(starts), generator=generator).tolist()]
     for start in starts:
         index = order[start:start + batch_size]
-        yield trim({k: v[index] for k, v in tensors.items()})
+        yield trim_padding({k: v[index] for k, v in tensors.items()})
 
 
 def num_batches(rows: int, batch_size: int, drop_last: bool = False) -> int:
