@@ -75,7 +75,7 @@ tolerances: setup
 		--json docs/figures/tolerances.json
 
 # The main job: what pretraining with the operators buys, on the embedded symbolic kinship
-# corpus (no files needed): j.a and jmc.atp, pretrained against scratch, 4 seeds
+# corpus (no files needed): j.a and jmc.atp, pretrained against scratch, 5 seeds
 # (folnet/specs/ablations/pretraining.toml, under 10 minutes on 2 cores).
 demo: setup
 	$(PY) -m folnet ablate pretraining --jobs 2 --out runs/demo
