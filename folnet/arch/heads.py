@@ -22,6 +22,7 @@ from folnet.arch.inputs import check_labels
 from folnet.arch.objectives import token_cross_entropy
 from folnet.arch.outputs import FolnetOutput
 from folnet.errors import FolnetError, choices
+from folnet.ops.kernels import layer_norm
 
 
 class MLMHead(nn.Module):
@@ -37,8 +38,7 @@ class MLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(cfg.padded_vocab))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = F.layer_norm(F.gelu(self.transform(hidden)), (self.cfg.D1,),
-                         eps=self.cfg.layer_norm_eps)
+        h = layer_norm(F.gelu(self.transform(hidden)), self.cfg.D1, self.cfg.layer_norm_eps)
         # (..., V): the padded vocabulary's extra rows are never predicted
         return F.linear(h, self._word.weight, self.bias)[..., : self.cfg.vocab_size]
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from folnet.arch.config import ModelConfig
-from folnet.ops.kernels import dropout
+from folnet.ops.kernels import dropout, layer_norm
 
 
 def token_positions(pad: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
@@ -97,7 +97,7 @@ class Atoms(nn.Module):
             u1 = u1 + self.token_type(token_type_ids)
         if self.absolute is not None:
             u1 = u1 + self.absolute(positions)
-        return dropout(F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps), cfg.dropout,
+        return dropout(layer_norm(u1, cfg.D1, cfg.layer_norm_eps), cfg.dropout,
                        self.training)
 
     def binary(self, rel_ids: torch.Tensor | None, u1: torch.Tensor, n: int,
@@ -112,7 +112,7 @@ class Atoms(nn.Module):
         if self.relative is not None:
             # LayerNorm is per row, so normalise the (2 delta + 2)-row table, then look up:
             # the same atoms as normalising the B x Q x n lookup, for a fraction of the work.
-            table = F.layer_norm(self.relative.weight, (cfg.D2,), eps=cfg.layer_norm_eps)
+            table = layer_norm(self.relative.weight, cfg.D2, cfg.layer_norm_eps)
             u2 = F.embedding(rel_ids, table).expand(B, Q, n, cfg.D2)  # (B, Q, n, D2)
             u2 = dropout(u2, cfg.dropout, self.training, redraw=lean)
         else:

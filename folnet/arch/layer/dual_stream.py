@@ -55,7 +55,7 @@ from folnet.arch.layer.slots import (
 )
 from folnet.arch.plan import LayerPlan
 from folnet.ops import Operand, compile_operator, masks
-from folnet.ops.kernels import linear, segmented_linear
+from folnet.ops.kernels import layer_norm, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
 
 
@@ -115,7 +115,7 @@ class DualStreamLayer(nn.Module):
                 + ("" if self.block_rows is None else f", block_rows={self.block_rows}"))
 
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
-        return F.layer_norm(x, (width,), eps=self.cfg.layer_norm_eps)
+        return layer_norm(x, width, self.cfg.layer_norm_eps)
 
     def norm_binary(self, u2: torch.Tensor) -> torch.Tensor:
         """LN of the binary stream (or of a slab of it: LN is per pair), cast once under CPU

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
@@ -23,6 +22,7 @@ from folnet.arch.layer import DualStreamLayer
 from folnet.arch.layer.atoms import Atoms
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.plan import ArchPlan
+from folnet.ops.kernels import layer_norm
 
 
 def make_layers(cfg: ModelConfig, plan: ArchPlan, *, causal: bool = False,
@@ -98,9 +98,9 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
                                                        use_reentrant=False, **kw)
         else:
             u1, u2 = layer(u1, u2, domain, **kw)
-    u1 = F.layer_norm(u1, (cfg.D1,), eps=cfg.layer_norm_eps)
+    u1 = layer_norm(u1, cfg.D1, cfg.layer_norm_eps)
     if u2 is not None:  # LN(0) = 0: a causal stack's binary atoms stay masked
-        u2 = F.layer_norm(u2, (cfg.D2,), eps=cfg.layer_norm_eps)
+        u2 = layer_norm(u2, cfg.D2, cfg.layer_norm_eps)
     if record is not None:
         record.states(u1, u2)
     return u1, u2
