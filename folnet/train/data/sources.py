@@ -1,4 +1,5 @@
-"""Where a corpus comes from: `--data` resolved to files, and each file read through `datasets`.
+"""Where a corpus comes from: `--data` resolved to files, and each file read (through `datasets`
+but for plain text).
 
 A corpus is given as a file, a folder (its supported files, recursively, in sorted order), a glob
 pattern, a folder written by `datasets`' ``save_to_disk``, the word ``kinship`` (the embedded
