@@ -11,6 +11,11 @@ optimizer state exist (the steady state), read the resident set, reset its peak 
 above the steady state and the step's time. Modes alternate round by round (and swap who goes
 first), so the time ratios compare neighbours on a shared machine. Results go to
 results/long_memory.json.
+
+``--device cuda`` measures the same step on a GPU, where the caching allocator counts the
+tensors themselves: the peak of ``torch.cuda.max_memory_allocated`` above what is allocated in
+the steady state. It has no heap holes, so it checks the per-tensor account of the CPU peak
+(docs/design.md, section 7).
 """
 
 from __future__ import annotations
@@ -42,13 +47,13 @@ def _status_mb(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _batch(batch: int, seq_len: int, vocab: int):
+def _batch(batch: int, seq_len: int, vocab: int, device: str = "cpu"):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
     types = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
     labels[:, ::7] = ids[:, ::7]  # ~15% masked positions
-    return ids, types, labels, torch.zeros(batch, dtype=torch.long)
+    return tuple(t.to(device) for t in (ids, types, labels, torch.zeros(batch, dtype=torch.long)))
 
 
 def measure(case: dict) -> dict:
@@ -57,9 +62,11 @@ def measure(case: dict) -> dict:
     # as the training commands tune it for this length; "@heap": everything on the heap, as
     # for short sequences (and for every length before the long-sequence rule)
     tune_cpu_allocator(None if allocator == "heap" else case["seq_len"])
+    device = case.get("device", "cpu")
     torch.manual_seed(0)
+    extra = {"backend": case["backend"]} if case.get("backend") else {}
     model = folnet.build_model(case["ops"], preset=case["preset"], head="pretraining",
-                               vocab_size=case["vocab"]).train()
+                               vocab_size=case["vocab"], **extra).train()
     if not case.get("as_built"):
         model.gather_mlm, model.relations = True, False  # as pretraining runs it
     elif case.get("relations"):
@@ -75,10 +82,11 @@ def measure(case: dict) -> dict:
         model = BaselineFolnet(model)
     else:
         folnet.set_memory(model, mode, block_rows=case["block_rows"])
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(seq_len: int) -> float:
-        ids, types, labels, nsp = _batch(case["batch"], seq_len, case["vocab"])
+        ids, types, labels, nsp = _batch(case["batch"], seq_len, case["vocab"], device)
         opt.zero_grad(set_to_none=False)
         loss = model(ids, types, mlm_labels=labels, nsp_labels=nsp).loss
         loss.backward()
@@ -86,12 +94,19 @@ def measure(case: dict) -> dict:
         return float(loss.detach())
 
     step(16)  # gradients and AdamW state exist from here on
-    steady = _status_mb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set to now
+    if device == "cuda":  # the allocator's own count of live tensor bytes
+        torch.cuda.synchronize()
+        steady = torch.cuda.memory_allocated() / 2**20
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        steady = _status_mb("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set to now
     start = time.perf_counter()
-    loss = step(case["seq_len"])
+    loss = step(case["seq_len"])  # float(loss) synchronises a GPU
     seconds = time.perf_counter() - start
-    return {**case, "steady_mb": steady, "peak_above_mb": _status_mb("VmHWM") - steady,
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if device == "cuda"
+            else _status_mb("VmHWM"))
+    return {**case, "steady_mb": steady, "peak_above_mb": peak - steady,
             "seconds": seconds, "loss": loss}
 
 
@@ -118,6 +133,10 @@ def main(argv=None) -> int:
                     help="longest T the baseline runs at (it materialises far more)")
     ap.add_argument("--block-rows", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cuda: the peak of allocated tensor bytes, not the resident set")
+    ap.add_argument("--backend", default=None,
+                    help="the operators' backend (build_model's backend=); default auto")
     ap.add_argument("--as-built", action="store_true",
                     help="the model as a user builds it (MLM logits at every position, the "
                          "final binary stream only if --relations), not as pretraining runs it")
@@ -138,7 +157,8 @@ def main(argv=None) -> int:
                         "batch": args.batch, "vocab": args.vocab, "mode": mode,
                         "block_rows": args.block_rows,
                         "checkpointing": args.checkpointing == "on",
-                        "as_built": args.as_built, "relations": args.relations}
+                        "as_built": args.as_built, "relations": args.relations,
+                        "device": args.device, "backend": args.backend}
                 got[mode].append(_run(case))
                 print(f"T {seq_len} {mode}: peak above steady "
                       f"{got[mode][-1]['peak_above_mb']:.0f} MiB, "
