@@ -590,6 +590,77 @@ def figure_demo_record(name: str) -> str:
     return f"`{record['command']}`, finished {machine_line(record['machine'])}: {_took(record)}"
 
 
+
+def seeds_per_minute(record: Mapping[str, Any]) -> tuple[float, float, float]:
+    """From a make_demo.json record: the mean wall time of the runs before and after, and
+    after's seeds per minute over before's."""
+    before = [r for r in record["runs"] if r["side"] == "before"]
+    after = [r for r in record["runs"] if r["side"] == "after"]
+    mean = [sum(r["wall_s"] for r in rs) / len(rs) for rs in (before, after)]
+    return mean[0], mean[1], (after[0]["seeds"] / mean[1]) / (before[0]["seeds"] / mean[0])
+
+
+def demo_against(record: Mapping[str, Any]) -> str:
+    """`make demo` from fresh clones of two commits, one run after another."""
+    rows = [(r["started"], r["side"], _code(r["commit"]), r["seeds"], r["venv"],
+             f"{r['wall_s']:.1f} s", f"{r['rows_s']} s", f"{r['cpu_s']:.0f} s")
+            for r in record["runs"]]
+    before, after, ratio = seeds_per_minute(record)
+    return (f"*Measured {machine_line(record['machine'])}; {record['command']}. Mean wall "
+            f"time {before:.0f} s before, {after:.0f} s after: {ratio:.2f}x the seeds per "
+            f"minute.*\n\n"
+            + _table(["started", "side", "commit", "seeds", "venv", "make demo", "its rows",
+                      "CPU"], rows))
+
+def figure_against(name: str) -> str:
+    """Before/after tables from ``docs/figures/<name>/``: the training steps of
+    `benchmarks/train_step.py --against` (files ``main_*.json``, ``perf_*.json``) and the long
+    step's peak of `benchmarks/long_memory.py` run in each checkout (``long_memory_*_before``
+    and ``_after``)."""
+    folder = FIGURES / name
+    steps = [data for f in sorted(folder.glob("*.json")) if not f.name.startswith("long_")
+             if "against" in (data := _read(f))]
+    demo = folder / "make_demo.json"
+    text = demo_against(_read(demo)) + "\n\n" if demo.is_file() else ""
+    if not steps:
+        raise DocsError(f"docs/figures/{name} holds no train_step.py --against result")
+    rows = []
+    for data in steps:
+        args, peak = data["args"], data["matmul_peak_gflops"]
+        side = {(r["ops"], r["dtype"], r["side"]): r for r in data["rows"]}
+        for (ops, dtype, who), r in side.items():
+            if who != "ours":
+                continue
+            before = side[(ops, dtype, "before")]
+            rows.append((f"{args['preset']}, B {args['batch']}, T {args['seq_len']}",
+                         _code(ops), dtype, f"{before['step_s']:.3f} s", f"{r['step_s']:.3f} s",
+                         f"{r['before_over_ours']:.2f}",
+                         f"{r['gflop'] / r['step_s'] / peak:.0%}"))
+    text += (f"*Measured {machine_line(steps[0]['machine'])}; `benchmarks/train_step.py "
+            f"--against` (each case in its own process, {steps[0]['args']['rounds']} rounds "
+            f"alternating); the last column is the achieved FLOP/s over a float32 matrix "
+            f"product measured in the same run ({steps[0]['matmul_peak_gflops']:.0f} GFLOP/s)."
+            f"*\n\n" + _table(["size", "ops", "precision", "before", "after",
+                                 "before / after", "of the product peak"], rows))
+    memory = []
+    for after_path in sorted(folder.glob("long_memory_*_after.json")):
+        after = _read(after_path)
+        before = _read(after_path.with_name(after_path.name.replace("_after", "_before")))
+        args = after["args"]
+        for b, a in zip(before["rows"], after["rows"], strict=True):
+            memory.append((f"{args['preset']}, B {args['batch']}, T {a['seq_len']}"
+                           + (", as built" if args.get("as_built") else ""), a["mode"],
+                           f"{b['peak_above_mb']:,.0f} MiB", f"{a['peak_above_mb']:,.0f} MiB",
+                           f"{b['seconds']:.2f} s", f"{a['seconds']:.2f} s"))
+    if memory:
+        text += (f"\n\n*Measured {machine_line(after['machine'])}; "
+                 f"`benchmarks/long_memory.py` in each checkout, activation checkpointing on, "
+                 f"the median of {after['args']['rounds']} fresh processes: the resident "
+                 f"peak above the steady state, and the step's time.*\n\n"
+                 + _table(["size", "memory mode", "peak before", "peak after", "step before",
+                           "step after"], memory))
+    return text
+
 # -- the hook -----------------------------------------------------------------------------------
 
 GENERATORS: dict[str, Callable[..., str]] = {
@@ -612,6 +683,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "step-estimate": step_estimate,
     "figure-demo": figure_demo,
     "figure-demo-record": figure_demo_record,
+    "figure-against": figure_against,
 }
 
 

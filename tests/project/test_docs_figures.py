@@ -36,7 +36,8 @@ def _section(title: str) -> str:
 
 
 def _records() -> list:
-    return sorted(FIGURES.glob("*.json")) + sorted(FIGURES.glob("*/record.json"))
+    return (sorted(FIGURES.glob("*.json")) + sorted(FIGURES.glob("*/record.json"))
+            + sorted(FIGURES.glob("against-*/*.json")))
 
 
 @pytest.mark.parametrize("path", _records(), ids=lambda p: p.relative_to(FIGURES).as_posix())
@@ -82,3 +83,35 @@ def test_the_drift_checks_see_a_changed_figure(tmp_path):
     cells[3] = f"{float(cells[3]) + 0.01:.3f}"
     changed = " | ".join(cells)
     assert changed != row and changed not in report
+
+
+def test_the_before_after_tables_show_every_measured_case():
+    """Each `train_step.py --against` case and each long_memory before/after pair is a row of
+    its page's table, with the figures of its files."""
+    hook = _hook()
+    for folder in sorted(FIGURES.glob("against-*")):
+        text = hook.figure_against(folder.name)
+        for path in folder.glob("*.json"):
+            data = json.loads(path.read_text())
+            for run in data.get("runs", []):  # make_demo.json
+                assert f"| {run['started']} | {run['side']} | `{run['commit']}` |" in text
+                assert f"| {run['wall_s']:.1f} s | {run['rows_s']} s |" in text
+            for row in data.get("rows", []):
+                if path.name.startswith("long_memory_"):
+                    assert f"{row['peak_above_mb']:,.0f} MiB" in text
+                elif row["side"] == "ours":
+                    assert f"{row['step_s']:.3f} s | {row['before_over_ours']:.2f} |" in text
+    with pytest.raises(hook.DocsError, match="no train_step"):
+        hook.figure_against("pretraining")  # a folder without such files
+
+
+def test_the_readme_demo_speed_is_the_records_own():
+    """The README's before/after `make demo` sentence quotes make_demo.json's means and ratio."""
+    record = json.loads((FIGURES / "against-f00006c" / "make_demo.json").read_text())
+    before, after, ratio = _hook().seeds_per_minute(record)
+    seeds = {r["side"]: r["seeds"] for r in record["runs"]}
+    text = " ".join(_section("The main job").split())
+    runs = sum(r["side"] == "after" for r in record["runs"])
+    assert (f"took {after:.0f} s for {seeds['after']} seeds (mean of {runs} runs), and "
+            f"{before:.0f} s for {seeds['before']} seeds at f00006c") in text
+    assert f"{ratio:.2f}x the seeds per minute" in text
