@@ -472,10 +472,11 @@ def figure_train_step() -> str:
                       "of the float32 product peak", "peak memory"], rows))
 
 
-def figure_step_tensors() -> str:
+def figure_step_tensors(preset: str | None = None) -> str:
     """benchmarks/step_tensors.py's table: what a long training step holds at its peak, by
-    category, the op that made it and its shape (the largest groups, then the rest)."""
-    data = _read(FIGURES / "step_tensors.json")
+    category, the op that made it and its shape (the largest groups, then the rest); the small
+    preset's (step_tensors.json) or another's (step_tensors_<preset>.json)."""
+    data = _read(FIGURES / (f"step_tensors_{preset}.json" if preset else "step_tensors.json"))
     args, unit, shown = data["args"], data["unit_bytes"], 12
     rows = [(r["category"], _code(r["op"]), "x".join(map(str, r["shape"])) or "?",
              r["tensors"], f"{r['bytes'] / 2**20:.1f}", f"{r['bytes'] / unit:.2f}")
