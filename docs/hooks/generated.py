@@ -591,7 +591,6 @@ def figure_demo_record(name: str) -> str:
     return f"`{record['command']}`, finished {machine_line(record['machine'])}: {_took(record)}"
 
 
-
 def seeds_per_minute(record: Mapping[str, Any]) -> tuple[float, float, float]:
     """From a make_demo.json record: the mean wall time of the runs before and after, and
     after's seeds per minute over before's."""
@@ -612,6 +611,7 @@ def demo_against(record: Mapping[str, Any]) -> str:
             f"minute.*\n\n"
             + _table(["started", "side", "commit", "seeds", "venv", "make demo", "its rows",
                       "CPU"], rows))
+
 
 def figure_against(name: str) -> str:
     """Before/after tables from ``docs/figures/<name>/``: the training steps of
@@ -637,12 +637,13 @@ def figure_against(name: str) -> str:
                          _code(ops), dtype, f"{before['step_s']:.3f} s", f"{r['step_s']:.3f} s",
                          f"{r['before_over_ours']:.2f}",
                          f"{r['gflop'] / r['step_s'] / peak:.0%}"))
+    peaks = sorted(round(data["matmul_peak_gflops"]) for data in steps)
     text += (f"*Measured {machine_line(steps[0]['machine'])}; `benchmarks/train_step.py "
-            f"--against` (each case in its own process, {steps[0]['args']['rounds']} rounds "
-            f"alternating); the last column is the achieved FLOP/s over a float32 matrix "
-            f"product measured in the same run ({steps[0]['matmul_peak_gflops']:.0f} GFLOP/s)."
-            f"*\n\n" + _table(["size", "ops", "precision", "before", "after",
-                                 "before / after", "of the product peak"], rows))
+             f"--against` (each case in its own process, {steps[0]['args']['rounds']} rounds "
+             f"alternating); the last column is the achieved FLOP/s over a float32 matrix "
+             f"product measured in the same run ({peaks[0]}-{peaks[-1]} GFLOP/s).*\n\n"
+             + _table(["size", "ops", "precision", "before", "after", "before / after",
+                       "of the float32 product peak"], rows))
     memory = []
     for after_path in sorted(folder.glob("long_memory_*_after.json")):
         after = _read(after_path)
@@ -661,6 +662,7 @@ def figure_against(name: str) -> str:
                  + _table(["size", "memory mode", "peak before", "peak after", "step before",
                            "step after"], memory))
     return text
+
 
 # -- the hook -----------------------------------------------------------------------------------
 
