@@ -80,7 +80,7 @@ tolerances: setup
 demo: setup
 	$(PY) -m folnet ablate pretraining --jobs 2 --out runs/demo
 
-# Its second part: the six-row operator ablation (folnet/specs/ablations/demo.toml, about 11 minutes).
+# Its second part: the six-row operator ablation (folnet/specs/ablations/demo.toml, about 9 minutes).
 demo-operators: setup
 	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo-operators
 
