@@ -15,13 +15,13 @@ import sys
 import pytest
 import torch
 from paths import ROOT
+from runs import cli_error
 
 import folnet
 from folnet.cli import DefaultsFormatter, build_parser, main
 from folnet.train.finetune.config import load_finetune_config
 from folnet.train.options import format_default
 from folnet.train.pretrain.config import load_pretrain_config
-from runs import cli_error
 
 COMMANDS = ("ops", "env", "info", "convert", "pretrain", "finetune", "evaluate", "ablate")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from runs import cli_error, tiny_plan, write
 
 import folnet
 from folnet.cli import main
-from runs import cli_error, tiny_plan, write
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from models import tiny_model
 from paths import ROOT
+from runs import tiny_pretrained_run
 from safetensors.torch import load_file
 from torch import nn
 
@@ -30,7 +31,6 @@ from folnet.cli import main
 from folnet.train.data.tokenizer import train_tokenizer
 from folnet.train.engine.runlog import read_log
 from folnet.train.pretrain.loop import PretrainingForward
-from runs import tiny_pretrained_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

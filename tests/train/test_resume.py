@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import kill_at_first_checkpoint
 from safetensors.torch import load_file
 
 import folnet
@@ -17,7 +18,6 @@ from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import load_tokenizer
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.runlog import read_log
-from runs import kill_at_first_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
