@@ -82,3 +82,63 @@ def test_only_a_full_square():
     args[0] = torch.randn(2, 3, 4, 6, dtype=torch.float64)
     with pytest.raises(FolnetError, match=r"full square \(B, T, T, D2\), got \(2, 3, 4, 6\)"):
         binary_ffn(*args, rows=2)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 11])
+def test_normalising_blocks_are_the_stage_of_the_normalised_square(rows):
+    """``eps`` given: the input is the stream before its LayerNorm, which each block applies to
+    its own slabs; value and every gradient (the stream's through the LayerNorm) are those of
+    the reference over ``F.layer_norm`` of the whole square, with dropout inside."""
+    args = _inputs(seed=3)
+    u2 = (args[0].detach() * 3 + 1).requires_grad_()  # off zero mean and unit variance
+    args[0] = u2
+    p, eps = 0.25, 1e-5
+    keep = torch.rand(u2.shape, generator=torch.Generator().manual_seed(4)) >= p
+    weight = torch.randn(u2.shape, dtype=torch.float64)
+    want = _reference(F.layer_norm(u2, (u2.shape[-1],), eps=eps), *args[1:]) * keep / (1 - p)
+    got = binary_ffn(*args, rows=rows, keep=keep, p=p, eps=eps)
+    assert_close(got, want, rtol=1e-12, atol=1e-12, what=f"normalised output, {rows} rows")
+    for name, a, b in zip(("u2", "w_in", "b_in", "w_out", "b_out", "w_skip", "b_skip"),
+                          torch.autograd.grad((got * weight).sum(), args),
+                          torch.autograd.grad((want * weight).sum(), args), strict=True):
+        assert b.abs().max() > 0
+        assert_close(a, b, rtol=1e-10, atol=1e-10, what=f"gradient of {name}, {rows} rows")
+
+
+def test_normalising_blocks_keep_the_forward_bits_of_the_normalised_square():
+    """float32: the blocks' LayerNorm of each slab is the whole square's LayerNorm, bit for
+    bit (it is per pair), so the output equals the blocked stage over the normalised square
+    exactly; the gradients differ only by summation order."""
+    args = [a.detach().float().requires_grad_() for a in _inputs(t=33, seed=5)]
+    eps = 1e-12
+    normalised = F.layer_norm(args[0], (args[0].shape[-1],), torch.ones(6), torch.zeros(6), eps)
+    want = binary_ffn(normalised, *args[1:], rows=8)
+    got = binary_ffn(*args, rows=8, eps=eps)
+    assert torch.equal(got, want)
+    g_want = torch.autograd.grad(want.square().sum(), args)
+    g_got = torch.autograd.grad(got.square().sum(), args)
+    for name, a, b in zip(("u2", "w_in", "b_in", "w_out", "b_out", "w_skip", "b_skip"),
+                          g_got, g_want, strict=True):
+        assert_rel(a, b, 1e-5, f"float32 gradient of {name}")
+
+
+def test_normalising_blocks_under_autocast_normalise_before_the_cast():
+    """Under CPU autocast the stream is normalised in its own dtype, then cast (as the layer
+    did with a normalised square: LayerNorm runs in float32 under autocast); the stream's
+    gradient comes back in its dtype."""
+    args = [a.detach().float().requires_grad_() for a in _inputs(t=9, seed=6)]
+    eps = 1e-5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = binary_ffn(F.layer_norm(args[0], (6,), eps=eps), *args[1:], rows=4)
+        got = binary_ffn(*args, rows=4, eps=eps)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    grads = torch.autograd.grad(got.float().square().sum(), args)
+    assert grads[0].dtype == torch.float32
+    ref = torch.autograd.grad(want.float().square().sum(), args)
+    assert_rel(grads[0], ref[0], 2e-2, "bfloat16 gradient of u2")
+
+
+def test_normalising_needs_blocks():
+    with pytest.raises(FolnetError, match=r"only in blocks of rows; got rows=None with eps"):
+        binary_ffn(*_inputs(t=4), eps=1e-5)

@@ -282,12 +282,15 @@ class DualStreamLayer(nn.Module):
         """The binary Boolean stage and its residual on u2 (B, Q, n, D2). A full square
         (bidirectional or causal: u2 is masked, so its transpose is n2's) may run in blocks of
         rows, applying the residual dropout inside them (the mask drawn first, as for the
-        whole); query rows of a longer domain pass their transposed input."""
-        n2 = self._norm(u2, self.cfg.D2)
+        whole) and its LayerNorm to each block's slabs, so that no normalised square is made
+        or kept for the backward pass; query rows of a longer domain pass their transposed
+        input."""
         drop_b = Residual.draw(u2, call.p)
         if call.ffn_rows is not None:
-            update = self.ffn_b(n2, block_rows=call.ffn_rows, keep=drop_b.mask, p=drop_b.p)
+            update = self.ffn_b(u2, block_rows=call.ffn_rows, keep=drop_b.mask, p=drop_b.p,
+                                eps=self.cfg.layer_norm_eps)
         else:
+            n2 = self._norm(u2, self.cfg.D2)
             update = self.ffn_b(n2, call.domain.transposed(n2))
         u2 = drop_b.add(u2, update, applied=call.ffn_rows is not None)
         return u2 if call.visible is None else u2 * call.visible

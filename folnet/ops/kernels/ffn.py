@@ -12,7 +12,10 @@ What is kept for the backward pass:
 * in blocks (long inputs): ``n`` only; each block's hidden layer is recomputed there, so no
   full-size hidden layer (nor its GELU, nor their gradients) is ever alive: the working set is
   one block's, ``rows / T`` of the whole. Results equal the whole stage up to the order in
-  which the weight gradients are summed (float32: ~1e-7 relative).
+  which the weight gradients are summed (float32: ~1e-7 relative). Given ``eps``, ``n`` is the
+  stream before its LayerNorm and each block normalises its own two slabs (LayerNorm is per
+  pair) in both passes: the normalised square is neither made nor kept -- a layer's FFN stage
+  keeps only the stream it reads, which the layer holds anyway.
 With a keep mask the output is ``out * keep * scale`` (the residual's dropout, applied block by
 block), so that the gradient it receives is the residual's own, not a second full-size tensor.
 
@@ -33,6 +36,7 @@ from folnet.ops.kernels.autocast import cast_once
 from folnet.ops.kernels.dropout import masked_scale
 from folnet.ops.kernels.functorch import transformed
 from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
+from folnet.ops.kernels.norm import layer_norm_backward, layer_norm_stats
 
 __all__ = ["binary_ffn"]
 
@@ -52,6 +56,35 @@ class _Weights(NamedTuple):
 def _slabs(n: torch.Tensor, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows r0:r1 of the square as (n(x, :), n(:, x) transposed): two (B, R, T, D2)."""
     return n[:, r0:r1], n[:, :, r0:r1].transpose(1, 2)
+
+
+class _Norms(NamedTuple):
+    """A block's slabs before their LayerNorm and its statistics: what the backward needs to
+    take the gradients through it."""
+
+    own: torch.Tensor
+    across: torch.Tensor
+    own_stats: tuple[torch.Tensor, torch.Tensor]
+    across_stats: tuple[torch.Tensor, torch.Tensor]
+
+    def backward(self, grad_own: torch.Tensor, grad_across: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slabs' gradients from those of their normalised forms."""
+        return (layer_norm_backward(grad_own, self.own, *self.own_stats),
+                layer_norm_backward(grad_across, self.across, *self.across_stats))
+
+
+def _block(n: torch.Tensor, r0: int, r1: int, eps: float | None, dtype: torch.dtype
+           ) -> tuple[torch.Tensor, torch.Tensor, _Norms | None]:
+    """The FFN's two inputs for rows r0:r1 (`_slabs`): ``n``'s slabs, or (``eps`` given) those
+    slabs normalised and cast to the products' ``dtype``, with what their backward needs."""
+    own, across = _slabs(n, r0, r1)
+    if eps is None:
+        return own, across, None
+    y_own, *own_stats = layer_norm_stats(own, eps)  # (B, R, T, D2), (B, R, T, 1) twice
+    y_across, *across_stats = layer_norm_stats(across, eps)
+    return (y_own.to(dtype), y_across.to(dtype),
+            _Norms(own, across, tuple(own_stats), tuple(across_stats)))
 
 
 def _both(own: torch.Tensor, across: torch.Tensor) -> torch.Tensor:
@@ -116,7 +149,7 @@ class _BinaryFFN(torch.autograd.Function):
     @staticmethod
     def forward(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
                 b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
-                rows: int | None, keep: torch.Tensor | None, scale: float
+                rows: int | None, keep: torch.Tensor | None, scale: float, eps: float | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = _Weights(w_in, b_in, w_out, b_out, w_skip, b_skip)
         inplace = not transformed()
@@ -126,10 +159,10 @@ class _BinaryFFN(torch.autograd.Function):
             out = out.view_as(n)  # (B, T, T, D2)
             return (out if keep is None else masked_scale(out, keep, scale)), h
         pieces = []
-        out = torch.empty_like(n) if inplace else None  # (B, T, T, D2)
+        out = n.new_empty(n.shape, dtype=w_in.dtype) if inplace else None  # (B, T, T, D2)
         for r0 in range(0, T, rows):
             r1 = min(T, r0 + rows)
-            own, across = _slabs(n, r0, r1)  # (B, R, T, D2) each
+            own, across, _ = _block(n, r0, r1, eps, w_in.dtype)  # (B, R, T, D2) each
             piece = _forward(own, across, w, inplace)[0].view(own.shape)
             piece = piece if keep is None else masked_scale(piece, keep[:, r0:r1], scale)
             if inplace:
@@ -140,7 +173,7 @@ class _BinaryFFN(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: tuple) -> None:
-        n, w_in, b_in, w_out, _, w_skip, _, ctx.rows, keep, ctx.scale = inputs
+        n, w_in, b_in, w_out, _, w_skip, _, ctx.rows, keep, ctx.scale, ctx.eps = inputs
         h = output[1]
         if h is not None:
             ctx.mark_non_differentiable(h)
@@ -168,9 +201,12 @@ class _BinaryFFN(torch.autograd.Function):
             grad_n = torch.zeros_like(n) if inplace else None
             for r0 in range(0, T, ctx.rows):
                 r1 = min(T, r0 + ctx.rows)
-                own, across = _slabs(n, r0, r1)
+                own, across, norms = _block(n, r0, r1, ctx.eps, w_in.dtype)
                 got, grad_own, grad_across = _backward(own, across, None, upstream(r0, r1), w,
                                                        w_t)
+                del own, across
+                if norms is not None:  # through each slab's LayerNorm
+                    grad_own, grad_across = norms.backward(grad_own, grad_across)
                 grads = _summed(grads, got, inplace)
                 if inplace:
                     grad_n[:, r0:r1] += grad_own
@@ -181,7 +217,7 @@ class _BinaryFFN(torch.autograd.Function):
             if not inplace:
                 grad_n = torch.cat(owns, 1) + torch.cat(acrosses, 1).transpose(1, 2)
         return (grad_n, grads.w_in, grads.b_in, grads.w_out, grads.b_out, grads.w_skip,
-                grads.b_out, None, None, None)
+                grads.b_out, None, None, None, None)
 
 
 def _nt_last(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt, **options) -> torch.Tensor:
@@ -189,34 +225,49 @@ def _nt_last(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt, **options) -> torc
     return binary_ffn(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt=nt, **options)
 
 
+def _n_last(w_in, b_in, w_out, b_out, w_skip, b_skip, n, **options) -> torch.Tensor:
+    """`binary_ffn` with ``n`` after the weights (for `cast_once`, which then casts only the
+    weights: a stream normalised inside is cast after its LayerNorm, block by block)."""
+    return binary_ffn(n, w_in, b_in, w_out, b_out, w_skip, b_skip, **options)
+
+
 def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
                b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
                nt: torch.Tensor | None = None, *, rows: int | None = None,
-               keep: torch.Tensor | None = None, p: float = 0.0) -> torch.Tensor:
+               keep: torch.Tensor | None = None, p: float = 0.0,
+               eps: float | None = None) -> torch.Tensor:
     """The binary FFN over ``n`` (B, *tokens, D2). ``nt`` is its transposed input u2(y, x);
     None means ``n.transpose(1, 2)`` (a full square), computed inside -- on the CPU fast path
     with recomputation in the backward. Query rows of a longer domain pass their own ``nt``
     and take plain ops. ``rows`` (a positive integer) runs a full square that many query rows
     at a time, keeping only ``n`` for the backward pass (on CPU and CUDA); there ``keep`` (a
-    bool `keep_mask` of n's shape) applies dropout of rate ``p`` to the output."""
+    bool `keep_mask` of n's shape) applies dropout of rate ``p`` to the output, and ``eps``
+    (a LayerNorm's epsilon) makes ``n`` the stream before its LayerNorm, which each block
+    applies to its own slabs: the FFN of ``layer_norm(n, D2, eps)``, no normalised square
+    made or kept."""
     if rows is not None:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise FolnetError(f"block rows must be a positive integer, got {rows!r}")
         if n.ndim != 4 or n.shape[1] != n.shape[2] or nt is not None:
             raise FolnetError(f"binary_ffn in blocks of rows needs a full square (B, T, T, D2), "
                               f"got {tuple(n.shape)}" + (" and nt" if nt is not None else ""))
-    elif keep is not None:
-        raise FolnetError("binary_ffn applies a keep mask only in blocks of rows")
+    elif keep is not None or eps is not None:
+        raise FolnetError("binary_ffn applies a keep mask or a LayerNorm (eps) only in blocks "
+                          f"of rows; got rows=None with {'keep' if keep is not None else 'eps'}")
     # under autocast: one cast of every input, then plain products in that dtype
-    cast_out = cast_once(_nt_last, n.device, (n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt),
-                         devices=("cpu", "cuda") if rows is not None else ("cpu",),
-                         rows=rows, keep=keep, p=p)
+    devices = ("cpu", "cuda") if rows is not None else ("cpu",)
+    if eps is None:
+        cast_out = cast_once(_nt_last, n.device, (n, w_in, b_in, w_out, b_out, w_skip, b_skip,
+                                                  nt), devices=devices, rows=rows, keep=keep, p=p)
+    else:  # the stream stays in its dtype: normalised, then cast, block by block
+        cast_out = cast_once(_n_last, n.device, (w_in, b_in, w_out, b_out, w_skip, b_skip), n,
+                             devices=devices, rows=rows, keep=keep, p=p, eps=eps)
     if cast_out is not None:
         return cast_out
     if rows is not None or (nt is None and onednn_ok(n, w_in) and n.is_contiguous()):
         scale = 1.0 / (1.0 - p) if keep is not None else 1.0
         return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep,
-                                scale)[0]
+                                scale, eps)[0]
     if nt is None:
         nt = n.transpose(1, 2)
     hidden = F.gelu(F.linear(torch.cat([n, nt], dim=-1), w_in, b_in))  # (B, *tokens, F2)
