@@ -15,9 +15,10 @@ large float32 matrix product measured in the same run (bf16 rows also against a 
 the yardstick for GPUs). ``--impls baseline`` adds the
 straightforward per-operator implementation of tests/baseline.py for comparison.
 ``--against DIR`` measures this tree ("ours") against the folnet package of another checkout
-("before", e.g. ``git worktree add /tmp/before HEAD~1``): each configuration runs ``--rounds``
-times for each side, the sides alternating (and swapping who goes first) round by round, and
-the table gives each side's median step and the median of the per-round ratios.
+("before", e.g. ``git worktree add /tmp/before HEAD~1``): each configuration (operators, dtype,
+activation checkpointing) runs ``--rounds`` times for each side, the sides alternating (and
+swapping who goes first) round by round, and the table gives each side's median step and the
+median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -280,23 +281,26 @@ def _ab(args, peak: float, size: int) -> int:
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     rows = []
-    for ops, dtype_name in itertools.product(args.ops.split(","), args.dtypes.split(",")):
+    for ops, dtype_name, ckpt in itertools.product(
+            args.ops.split(","), args.dtypes.split(","),
+            [c == "on" for c in args.checkpointing.split(",")]):
         steps: dict[str, list[dict]] = {"ours": [], "before": []}
         for r in range(args.rounds):
             for side in (("ours", "before") if r % 2 == 0 else ("before", "ours")):
                 case = {**vars(args), "impl": "ours", "ops": ops, "dtype": dtype_name,
-                        "backend": args.backends.split(",")[0], "ckpt": False,
+                        "backend": args.backends.split(",")[0], "ckpt": ckpt,
                         "allocator": "tuned", "compile": False, "peak": peak, "probe_n": size,
                         "case": None, "paired_peak": False, "breakdown": False}
                 row = _spawn(case, pythonpath=str(before) if side == "before" else None)
                 steps[side].append(row)
-                print(f"  round {r + 1} {side:6s} {ops:8s} {dtype_name:7s} "
+                print(f"  round {r + 1} {side:6s} {ops:8s} {dtype_name:7s} ckpt={ckpt!s:5s} "
                       f"{row['step_s']:.3f} s {row['peak_mb']:7.0f} MiB  ({row['folnet']})",
                       flush=True)
         ratios = [b["step_s"] / o["step_s"] for o, b in zip(steps["ours"], steps["before"],
                                                              strict=True)]
         for side, runs in steps.items():
             rows.append({"side": side, "ops": ops, "dtype": dtype_name,
+                         "checkpointing": "on" if ckpt else "off",
                          "step_s": statistics.median(r["step_s"] for r in runs),
                          "peak_mb": statistics.median(r["peak_mb"] for r in runs),
                          "gflop": runs[0]["gflop"], "rounds": [r["step_s"] for r in runs],
@@ -306,6 +310,7 @@ def _ab(args, peak: float, size: int) -> int:
           f"{args.batch}, T {args.seq_len}, preset {args.preset}, {args.rounds} rounds "
           f"alternating, each case in its own process")
     print(table(rows, [("side", "side", ""), ("ops", "ops", ""), ("dtype", "dtype", ""),
+                       ("checkpointing", "checkpointing", ""),
                        ("step_s", "median step s", ".3f"), ("peak_mb", "peak MiB", ".0f"),
                        ("gflop", "GFLOP/step", ".1f"),
                        ("before_over_ours", "before / ours (median of rounds)", ".3f")]))
