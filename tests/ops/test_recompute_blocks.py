@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from tolerances import assert_close, assert_rel
 
+from folnet.ops.kernels.owned import held_alone
 from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
 from folnet.ops.kernels.sink import sink_einsum
 
@@ -138,3 +139,107 @@ def test_inside_an_activation_checkpoint():
                                              use_reentrant=False)
     for name, a, b in zip("xuwv", _grads(outs, (x, u, w, v)), ref_grads, strict=True):
         assert_close(a, b, rtol=1e-10, atol=1e-12, what=f"checkpointed gradient of {name}")
+
+
+# -- a residual added inside: its input's gradient summed into the output's incoming one ------
+
+
+def _residual_reference(x, u, w, v, m, fold: bool = False):
+    """`_reference`'s binary output brought back to D channels (m: (D, H)), plus x; with
+    ``fold``, plus a term that reads x whole (its column means)."""
+    out_u, out_b = _reference(x, u, w, v)
+    out_b = F.linear(out_b, m) + x
+    if fold:
+        out_b = out_b + x.mean(1, keepdim=True).tanh()
+    return out_u, out_b
+
+
+def _residual_blocked(x, u, w, v, m, rows: int, fold: bool = False):
+    def shared(block: Block):
+        return {"premise": F.linear(block.slabs["x rows"], v).tanh()}
+
+    def run(block: Block):
+        x_rows, x_cols = block.slabs["x rows"], block.slabs["x cols"]
+        kernel = F.linear(x_rows, w).softmax(2)
+        out_b = torch.einsum("bxah,bayh->bxyh", kernel, block.made["premise"])
+        out_b = out_b + F.linear(x_cols.transpose(1, 2), w).sigmoid()
+        out_u = (F.linear(block.slabs["u rows"], w) * out_b.mean(2)).sum(-1, keepdim=True)
+        out_b = F.linear(out_b, m)
+        if fold:  # every row of x, read whole by each block
+            out_b = out_b + block.inputs["x"].mean(1, keepdim=True).tanh()
+        return {"unary": out_u, "binary": out_b}
+
+    spans = [(r0, min(T, r0 + rows)) for r0 in range(0, T, rows)]
+    slabs = {"u rows": Slab("u", 1), "x rows": Slab("x", 1), "x cols": Slab("x", 2)}
+    outs = recompute_blocks(run, spans, {"u": u, "x": x}, [w, v, m], slabs=slabs,
+                            prologue=Prologue(shared, {"premise": 1}),
+                            residual={"binary": "x"})
+    return outs["unary"], outs["binary"]
+
+
+def _pointer_of_grad(t: torch.Tensor, into: list):
+    return t.register_hook(lambda g: into.append(g.data_ptr()))
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_residual_inside_sums_into_the_incoming_gradient(fold):
+    """Value and every gradient equal plain autograd's for every block size; the input's
+    gradient is the output's incoming gradient itself (the same memory: no second square),
+    the column slabs' gradients for rows not yet run having waited for them."""
+    x, u, w, v = _setup(5)
+    m = torch.randn(D, H, generator=torch.Generator().manual_seed(6), dtype=torch.float64,
+                    requires_grad=True)
+    ref = _residual_reference(x, u, w, v, m, fold)
+    ref_grads = _grads(ref, (x, u, w, v, m))
+    for rows in (1, 2, 4, T):
+        got = _residual_blocked(x, u, w, v, m, rows, fold)
+        for name, a, b in zip(("unary", "binary"), got, ref, strict=True):
+            assert_close(a, b, rtol=1e-12, atol=1e-12, what=f"{name} output, {rows} rows")
+        incoming, returned = [], []
+        _pointer_of_grad(got[1], incoming)
+        hook = _pointer_of_grad(x, returned)
+        for name, a, b in zip("xuwvm", _grads(got, (x, u, w, v, m)), ref_grads, strict=True):
+            assert b.abs().max() > 0
+            assert_close(a, b, rtol=1e-10, atol=1e-12, what=f"gradient of {name}, {rows} rows")
+        hook.remove()
+        if hasattr(torch.Tensor, "_use_count"):
+            assert incoming == returned != []
+
+
+def test_residual_inside_copies_an_incoming_gradient_another_node_holds():
+    """When the incoming gradient is also another node's (an add hands both of its inputs the
+    same tensor), it is copied, not written into: that node's input gradient stays right."""
+    x, u, w, v = _setup(6)
+    m = torch.randn(D, H, generator=torch.Generator().manual_seed(7), dtype=torch.float64,
+                    requires_grad=True)
+    other = torch.randn(B, T, T, D, generator=torch.Generator().manual_seed(8),
+                        dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(B, T, T, D, generator=torch.Generator().manual_seed(9),
+                         dtype=torch.float64)
+
+    def loss(blocked: bool):
+        side = other * 2.0  # made first: its node runs after the blocks' in the backward pass
+        out = (_residual_blocked(x, u, w, v, m, 4) if blocked
+               else _residual_reference(x, u, w, v, m))[1]
+        return ((out + side) * weight).sum()  # the add hands out and side one gradient
+
+    want = torch.autograd.grad(loss(False), (x, other, w))
+    got = torch.autograd.grad(loss(True), (x, other, w))
+    for name, a, b in zip(("x", "other", "w"), got, want, strict=True):
+        assert_close(a, b, rtol=1e-10, atol=1e-12, what=f"gradient of {name}")
+    assert torch.equal(got[1], 2.0 * weight)
+
+
+def test_held_alone_reads_torch_counts():
+    """A tensor nothing else holds may be written into (where this torch has the counts); one
+    a view or a detached alias shares may not, nor a view itself."""
+    x = torch.randn(4)
+    assert held_alone(x) == (hasattr(torch.Tensor, "_use_count")
+                             and hasattr(torch._C, "_storage_Use_Count"))
+    view = x[1:]
+    assert not held_alone(x) and not held_alone(view)
+    del view
+    alias = x.detach()  # another tensor on the same storage
+    assert not held_alone(x) and not held_alone(alias)
+    del alias
+    assert held_alone(x) == held_alone(torch.randn(4))

@@ -212,18 +212,22 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
     # slab: that slab then goes unread)
     slabs = {"n1 rows": Slab("n1", 1), "n2 rows": Slab("n2", 1),
              "n2 cols": Slab("n2", 2 if domain.rows is None else 1)}
+    # lean blocks read u2 itself: its residual is added inside the recomputed function, whose
+    # backward then sums u2's gradient into the update's incoming one (one square, not two)
+    inside = {"binary": "n2"} if call.recompute and n2 is None and "B" in writes else {}
     if call.recompute:
         inputs.update(handed)
         if drop_b.mask is not None:
             inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
         outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
-                                shared.prologue)
+                                shared.prologue, inside)
     else:  # one block, autograd's graph kept
         outs = block(Block(0, count, inputs, {}, {}, None))
     if "unary" in outs:  # (B, Q, M1)
         u1 = drop_u.add(u1, layer.out_u(outs["unary"]))
     if "binary" in outs:  # (B, Q, n, D2)
-        u2 = drop_b.add(u2, outs["binary"], applied=call.recompute)
+        u2 = outs["binary"] if inside else drop_b.add(u2, outs["binary"],
+                                                      applied=call.recompute)
         if call.visible is not None:
             u2 = u2 * call.visible
     return u1, u2

@@ -10,6 +10,14 @@ Everything crosses the boundary by name: the caller hands ``inputs`` (a mapping)
 makes the tensors every block reads whole; each block receives one `Block` holding them all by
 the same names.
 
+A ``residual`` (output name -> input name) adds that input to the output inside the function.
+Its backward pass then sums the input's gradient into the output's incoming gradient itself
+when autograd holds that tensor alone (`folnet.ops.kernels.owned`), so a long layer's backward
+keeps one full-size gradient of its binary stream, not the incoming one and a total beside it.
+The incoming rows of a block not yet run are its upstream, so what a block's column slab adds
+to later blocks' rows waits in block-by-block pieces (`_Totals`) until those rows have run: at
+most a quarter of the square.
+
 Under a torch.func transform (``grad``, ``vmap``, ``jacrev``) nothing is recomputed: the
 backward re-enters autograd on the layer's own parameters (``run`` reads them directly), which
 a transform cannot follow, so the blocks run as plain differentiable ops and their outputs are
@@ -28,6 +36,7 @@ import torch
 
 from folnet.ops.kernels.autocast import AutocastState
 from folnet.ops.kernels.functorch import transformed
+from folnet.ops.kernels.owned import held_alone
 from folnet.ops.kernels.rng import replay, rng_state
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
@@ -84,6 +93,7 @@ class _Job:
     slabs: Mapping[Hashable, Slab]
     prologue: Prologue | None
     params: tuple[torch.Tensor, ...]
+    residual: Mapping[Hashable, Hashable]  # output name -> the input added to it
     outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
     states: list[torch.Tensor] = field(default_factory=list)  # each span's RNG state, likewise
 
@@ -126,7 +136,7 @@ class _RecomputedBlocks(torch.autograd.Function):
             job.states.append(rng_state(device))
             return job.run(job.block(r0, r1, inputs, made))
 
-        outs = _assemble(job.spans, piece)
+        outs = _residuals(_assemble(job.spans, piece), job.residual, inputs)
         job.outputs.clear()
         job.outputs.extend(outs)  # their names, in the order of the tensors returned
         return tuple(outs.values())
@@ -150,6 +160,9 @@ class _RecomputedBlocks(torch.autograd.Function):
         totals = _Totals(saved, job)
         if used:
             wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
+            for out, source in job.residual.items():
+                if grads[out] is not None and source in wanted:
+                    totals.start(source, grads[out])
             device = next(iter(saved.values())).device
             restore = functools.partial(AutocastState.restore, ctx.autocast)
             made: dict[Hashable, torch.Tensor] = {}
@@ -162,12 +175,13 @@ class _RecomputedBlocks(torch.autograd.Function):
                     block = _leaves(job, saved, wanted, r0, r1, made, sinks)
                     outs = job.run(block)
                     got = totals.grads([outs[k] for k in used],
-                                       [grads[k].narrow(1, r0, r1 - r0) for k in used],
+                                       [_rows(grads[k], outs[k], r0, r1) for k in used],
                                        block, wanted, made)
                 for name, g in got.made.items():  # what autograd returned, not the sinks
                     sinks[name].add_(g)
                 totals.add(got, r0, r1)
                 del block, outs, got  # the block's graph, before the next block's
+            totals.settle()  # every block's upstream is read: add straight in
             del made
             totals.prologue(wanted, sinks, restore)
         return (None, *(totals.inputs.get(name) for name in job.names),
@@ -185,12 +199,35 @@ class _Grads:
 
 
 class _Totals:
-    """The running gradient totals of the inputs (slabs into their slices) and parameters."""
+    """The running gradient totals of the inputs (slabs into their slices) and parameters.
+
+    An input whose total is an output's incoming gradient itself (`start`) is ``shared``:
+    while ``deferring`` (the blocks running) the rows of that tensor a block has not yet run
+    are its upstream, so a gradient a block adds to those rows waits in ``pending`` (by the
+    first row of the block it waits for: (input, slab dim, c0, c1, piece)) until that block
+    has run -- or, read whole by the blocks (a folded operand), in ``later``, one full-size
+    total added when all have run."""
 
     def __init__(self, saved: Tensors, job: _Job):
         self.saved, self.job = saved, job
         self.inputs: dict[Hashable, torch.Tensor] = {}
         self.params: dict[int, torch.Tensor] = {}
+        self.shared: set[Hashable] = set()
+        self.pending: dict[int, list] = {}
+        self.later: dict[Hashable, torch.Tensor] = {}  # a shared input's whole-read gradient
+        self.deferring = True
+
+    def start(self, name: Hashable, grad: torch.Tensor) -> None:
+        """Input ``name``'s total begins as ``grad``, the incoming gradient of an output that
+        is the input plus the blocks' (a residual): that very tensor when autograd holds it
+        alone and it has the input's layout, else a copy."""
+        like = self.saved[name]
+        if (held_alone(grad) and grad.dtype == like.dtype and grad.shape == like.shape
+                and grad.is_contiguous()):
+            self.inputs[name] = grad
+            self.shared.add(name)
+        else:
+            self.inputs[name] = like.new_empty(like.shape).copy_(grad)
 
     def grads(self, outputs: Sequence[torch.Tensor], upstream: Sequence[torch.Tensor],
               block: Block, wanted: set[Hashable], made: Tensors) -> _Grads:
@@ -210,16 +247,45 @@ class _Totals:
         return out
 
     def add(self, got: _Grads, r0: int, r1: int) -> None:
-        """One span's gradients into the totals: a slab's into its rows of its input's."""
-        for name, g in got.inputs.items():
-            _accumulate(self.inputs, name, g)
+        """One span's gradients into the totals: a slab's into its rows of its input's; into a
+        shared total, first what waited for rows r0:r1 (their upstream is read now)."""
+        if self.deferring:
+            for name, dim, c0, c1, piece in self.pending.pop(r0, ()):
+                self.inputs[name].narrow(1, r0, r1 - r0).narrow(dim, c0, c1 - c0).add_(piece)
+        for name, g in got.inputs.items():  # an input read whole: every row at once
+            _accumulate(self.later if name in self.shared and self.deferring else self.inputs,
+                        name, g)
         for name, g in got.slabs.items():
             slab = self.job.slabs[name]
             if slab.source not in self.inputs:
                 self.inputs[slab.source] = torch.zeros_like(self.saved[slab.source])
-            self.inputs[slab.source].narrow(slab.dim, r0, r1 - r0).add_(g)
+            if slab.source in self.shared and self.deferring and slab.dim != 1:
+                self._defer(slab.source, slab.dim, r0, r1, g, r1)
+            else:
+                self.inputs[slab.source].narrow(slab.dim, r0, r1 - r0).add_(g)
         for key, g in got.params.items():
             _accumulate(self.params, key, g)
+
+    def settle(self) -> None:
+        """Every block has run: what waited is added, and from here gradients go straight in."""
+        if self.pending:
+            raise RuntimeError(f"gradients still waiting for rows {sorted(self.pending)}")
+        for name, g in self.later.items():
+            self.inputs[name].add_(g)
+        self.later.clear()
+        self.deferring = False
+
+    def _defer(self, name: Hashable, dim: int, c0: int, c1: int, g: torch.Tensor, done: int
+               ) -> None:
+        """Add ``g`` (every row, on dim 1; columns c0:c1 of dim ``dim``) to the shared total
+        ``name``: rows below ``done`` now, each later block's rows when it has run (a copy of
+        them: a view would keep all of ``g``)."""
+        total = self.inputs[name]
+        total.narrow(1, 0, done).narrow(dim, c0, c1 - c0).add_(g.narrow(1, 0, done))
+        for q0, q1 in self.job.spans:
+            if q0 >= done:
+                self.pending.setdefault(q0, []).append(
+                    (name, dim, c0, c1, g.narrow(1, q0, q1 - q0).clone()))
 
     def prologue(self, wanted: set[Hashable], sinks: dict[Hashable, torch.Tensor],
                  restore: Callable) -> None:
@@ -238,6 +304,23 @@ class _Totals:
                                  block, wanted, {})
             self.add(got, r0, r1)
             del block, made, got
+
+
+def _rows(grad: torch.Tensor, out: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """Rows r0:r1 of an output's incoming gradient as the block's output takes it (its dtype:
+    a residual in a wider dtype widened the function's output)."""
+    rows = grad.narrow(1, r0, r1 - r0)
+    return rows if rows.dtype == out.dtype else rows.to(out.dtype)
+
+
+def _residuals(outs: dict, residual: Mapping[Hashable, Hashable], inputs: Tensors, *,
+               inplace: bool = True) -> dict:
+    """Each output named in ``residual`` plus the input it names: written into the output (a
+    fresh tensor the blocks wrote) when their dtypes agree and ``inplace``, else a new one."""
+    for out, source in residual.items():
+        t, res = outs[out], inputs[source]
+        outs[out] = t.add_(res) if inplace and t.dtype == res.dtype else res + t
+    return outs
 
 
 def _leaves(job: _Job, saved: Tensors, wanted: set[Hashable], r0: int, r1: int,
@@ -288,21 +371,28 @@ def _accumulate(total: dict, key: Hashable, grad: torch.Tensor) -> None:
 
 def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int, int]],
                      inputs: Tensors, params: Sequence[torch.Tensor],
-                     slabs: Mapping[Hashable, Slab] = _EMPTY, prologue: Prologue | None = None
+                     slabs: Mapping[Hashable, Slab] = _EMPTY, prologue: Prologue | None = None,
+                     residual: Mapping[Hashable, Hashable] = _EMPTY
                      ) -> dict[Hashable, torch.Tensor]:
     """``run(block)`` for every span of rows, its outputs (by name, each with the rows on dim
     1) concatenated over the spans, recomputed span by span in the backward pass. ``run`` and
     the prologue may read ``params`` (the parameters they use) directly; every other tensor
-    they differentiate must come through ``inputs``. Under no autograd it is a plain loop;
-    under a torch.func transform a plain differentiable one (nothing recomputed)."""
-    job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params))
+    they differentiate must come through ``inputs``. ``residual`` names, for an output, an
+    input of its shape added to it (see the module's docstring). Under no autograd it is a
+    plain loop; under a torch.func transform a plain differentiable one (nothing
+    recomputed)."""
+    job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params),
+               dict(residual))
     tensors = dict(inputs)
     if transformed():
         made = job.made(tensors, concat=True)
-        return _assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors, made)),
-                         concat=True)
+        return _residuals(_assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors,
+                                                                              made)),
+                                    concat=True), job.residual, tensors, inplace=False)
     if not torch.is_grad_enabled():
         made = job.made(tensors)
-        return _assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors, made)))
+        return _residuals(_assemble(job.spans,
+                                    lambda r0, r1: run(job.block(r0, r1, tensors, made))),
+                          job.residual, tensors)
     outs = _RecomputedBlocks.apply(job, *tensors.values(), *job.params)
     return dict(zip(job.outputs, outs, strict=True))
