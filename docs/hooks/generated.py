@@ -644,23 +644,59 @@ def figure_against(name: str) -> str:
              f"product measured in the same run ({peaks[0]}-{peaks[-1]} GFLOP/s).*\n\n"
              + _table(["size", "ops", "precision", "before", "after", "before / after",
                        "of the float32 product peak"], rows))
-    memory = []
-    for after_path in sorted(folder.glob("long_memory_*_after.json")):
-        after = _read(after_path)
-        before = _read(after_path.with_name(after_path.name.replace("_after", "_before")))
-        args = after["args"]
-        for b, a in zip(before["rows"], after["rows"], strict=True):
-            memory.append((f"{args['preset']}, B {args['batch']}, T {a['seq_len']}"
-                           + (", as built" if args.get("as_built") else ""), a["mode"],
-                           f"{b['peak_above_mb']:,.0f} MiB", f"{a['peak_above_mb']:,.0f} MiB",
-                           f"{b['seconds']:.2f} s", f"{a['seconds']:.2f} s"))
-    if memory:
-        text += (f"\n\n*Measured {machine_line(after['machine'])}; "
-                 f"`benchmarks/long_memory.py` in each checkout, activation checkpointing on, "
-                 f"the median of {after['args']['rounds']} fresh processes: the resident "
-                 f"peak above the steady state, and the step's time.*\n\n"
-                 + _table(["size", "memory mode", "peak before", "peak after", "step before",
-                           "step after"], memory))
+    memory = memory_against(folder)
+    return text + ("\n\n" + memory if memory else "")
+
+
+def memory_against(folder: Path) -> str:
+    """The long step's resident peak of `benchmarks/long_memory.py` run in each checkout:
+    ``long_memory_<case>_before[_rN].json`` against ``..._after[_rN].json``, one row per case
+    and memory mode; several files of a side (rounds run alternating, one process each) give
+    a range."""
+    cases: dict[str, dict[str, list]] = {}
+    for path in sorted(folder.glob("long_memory_*.json")):
+        found = re.fullmatch(r"long_memory_(.+)_(before|after)(_r\d+)?", path.stem)
+        if found is None:
+            raise DocsError(f"{folder.name}/{path.name}: not long_memory_<case>_<side>[_rN]")
+        sides = cases.setdefault(found[1], {"before": [], "after": []})
+        sides[found[2]].append(_read(path))
+    rows, last = [], None
+    for case, sides in cases.items():
+        if not sides["before"] or not sides["after"]:
+            raise DocsError(f"{folder.name}: case {case!r} lacks its before or after file")
+        last = sides["after"][0]
+        args = last["args"]
+        for k, a in enumerate(last["rows"]):
+            peaks = [_span(sides[side], k, "peak_above_mb", ",.0f") + " MiB"
+                     for side in ("before", "after")]
+            steps = [_span(sides[side], k, "seconds", ".2f") + " s"
+                     for side in ("before", "after")]
+            rows.append((f"{args['preset']}, B {args['batch']}, T {a['seq_len']}"
+                         + (", as built" if args.get("as_built") else ""),
+                         "off" if args.get("checkpointing") in ("off", False) else "on",
+                         a["mode"], *peaks, *steps))
+    if not rows:
+        return ""
+    return (f"*Measured {machine_line(last['machine'])}; `benchmarks/long_memory.py` in each "
+            f"checkout, each file the median of its `--rounds` fresh processes (a range: "
+            f"several files, run alternating): the resident peak above the steady state, and "
+            f"the step's time.*\n\n"
+            + _table(["size", "activation checkpointing", "memory mode", "peak before",
+                      "peak after", "step before", "step after"], rows))
+
+
+def _span(files: list, k: int, key: str, fmt: str) -> str:
+    """Row ``k``'s ``key`` over the files: one value, or lowest-highest."""
+    values = sorted(d["rows"][k][key] for d in files)
+    low, high = format(values[0], fmt), format(values[-1], fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def figure_memory_against(name: str) -> str:
+    """`memory_against` for ``docs/figures/<name>/`` alone."""
+    text = memory_against(FIGURES / name)
+    if not text:
+        raise DocsError(f"docs/figures/{name} holds no long_memory.py result")
     return text
 
 
@@ -687,6 +723,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "figure-demo": figure_demo,
     "figure-demo-record": figure_demo_record,
     "figure-against": figure_against,
+    "figure-memory-against": figure_memory_against,
 }
 
 
