@@ -384,15 +384,13 @@ def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int,
     job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params),
                dict(residual))
     tensors = dict(inputs)
-    if transformed():
-        made = job.made(tensors, concat=True)
-        return _residuals(_assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors,
-                                                                              made)),
-                                    concat=True), job.residual, tensors, inplace=False)
-    if not torch.is_grad_enabled():
-        made = job.made(tensors)
-        return _residuals(_assemble(job.spans,
-                                    lambda r0, r1: run(job.block(r0, r1, tensors, made))),
-                          job.residual, tensors)
+    if transformed() or not torch.is_grad_enabled():
+        # plain ops; under a transform built out of place (a write into an unbatched whole is
+        # no batched op)
+        concat = transformed()
+        made = job.made(tensors, concat=concat)
+        outs = _assemble(job.spans, lambda r0, r1: run(job.block(r0, r1, tensors, made)),
+                         concat=concat)
+        return _residuals(outs, job.residual, tensors, inplace=not concat)
     outs = _RecomputedBlocks.apply(job, *tensors.values(), *job.params)
     return dict(zip(job.outputs, outs, strict=True))
