@@ -220,15 +220,11 @@ class _BinaryFFN(torch.autograd.Function):
                 grads.b_out, None, None, None, None)
 
 
-def _nt_last(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt, **options) -> torch.Tensor:
-    """`binary_ffn` with its keyword ``nt`` passed by position (for `cast_once`)."""
+def _weights_first(w_in, b_in, w_out, b_out, w_skip, b_skip, n, nt, **options) -> torch.Tensor:
+    """`binary_ffn` with the weights first (for `cast_once`, which casts the leading tensors it
+    is given: the weights, and the stream too unless its blocks normalise it -- then it is cast
+    after its LayerNorm, block by block)."""
     return binary_ffn(n, w_in, b_in, w_out, b_out, w_skip, b_skip, nt=nt, **options)
-
-
-def _n_last(w_in, b_in, w_out, b_out, w_skip, b_skip, n, **options) -> torch.Tensor:
-    """`binary_ffn` with ``n`` after the weights (for `cast_once`, which then casts only the
-    weights: a stream normalised inside is cast after its LayerNorm, block by block)."""
-    return binary_ffn(n, w_in, b_in, w_out, b_out, w_skip, b_skip, **options)
 
 
 def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
@@ -255,13 +251,11 @@ def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: t
         raise FolnetError("binary_ffn applies a keep mask or a LayerNorm (eps) only in blocks "
                           f"of rows; got rows=None with {'keep' if keep is not None else 'eps'}")
     # under autocast: one cast of every input, then plain products in that dtype
-    devices = ("cpu", "cuda") if rows is not None else ("cpu",)
-    if eps is None:
-        cast_out = cast_once(_nt_last, n.device, (n, w_in, b_in, w_out, b_out, w_skip, b_skip,
-                                                  nt), devices=devices, rows=rows, keep=keep, p=p)
-    else:  # the stream stays in its dtype: normalised, then cast, block by block
-        cast_out = cast_once(_n_last, n.device, (w_in, b_in, w_out, b_out, w_skip, b_skip), n,
-                             devices=devices, rows=rows, keep=keep, p=p, eps=eps)
+    weights, stream = (w_in, b_in, w_out, b_out, w_skip, b_skip), (n, nt)
+    cast_out = cast_once(_weights_first, n.device, weights + (stream if eps is None else ()),
+                         *(() if eps is None else stream),
+                         devices=("cpu", "cuda") if rows is not None else ("cpu",),
+                         rows=rows, keep=keep, p=p, eps=eps)
     if cast_out is not None:
         return cast_out
     if rows is not None or (nt is None and onednn_ok(n, w_in) and n.is_contiguous()):
