@@ -3,6 +3,9 @@ cheap dropout) against plain PyTorch, values and gradients, float32 and bf16 aut
 
 from __future__ import annotations
 
+import math
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -165,6 +168,44 @@ def test_a_redrawn_mask_gives_the_stored_masks_bits_and_generator():
                           got[False], got[True], strict=True):
         assert torch.equal(a, b), name
     assert (got[True][1] == 0).float().mean().item() == pytest.approx(0.3, abs=0.03)
+
+
+def _one_draw_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
+    """The keep mask's definition in one call: 64-bit words, four 15-bit lanes each."""
+    n = math.prod(shape)
+    words = torch.empty(-(-n // 4), dtype=torch.int64).random_()
+    return ((words.view(torch.int16)[:n] & 0x7FFF) >= round(p * 2**15)).view(shape)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("shape", [(3,), (5, 7), (2, 9, 11, 3), (1, 113)])
+def test_a_large_mask_drawn_in_chunks_has_one_draws_bits(monkeypatch, shape):
+    """A CPU mask larger than a chunk of words is drawn chunk by chunk (2 MiB of words alive,
+    not two bytes per element): the same bits, and the generator left where one draw of all
+    the words leaves it -- chunks of 7 words here, so most shapes end in a partial chunk."""
+    dropout_module = sys.modules["folnet.ops.kernels.dropout"]
+    monkeypatch.setattr(dropout_module, "_CHUNK_WORDS", 7)
+    torch.manual_seed(11)
+    want, after_want = _one_draw_mask(shape, 0.3), torch.rand(3)
+    torch.manual_seed(11)
+    got, after_got = kernels.keep_mask(shape, 0.3, "cpu"), torch.rand(3)
+    assert got.dtype == torch.bool and got.shape == shape
+    assert torch.equal(got, want) and torch.equal(after_got, after_want)
+
+
+def test_a_large_masks_scratch_is_one_chunk():
+    """What drawing a whole square's mask allocates besides the mask: one chunk of words (the
+    one-call draw held 3 bytes per element more, two of them on the heap)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dropout_module = sys.modules["folnet.ops.kernels.dropout"]
+    n = 8 * dropout_module._CHUNK_WORDS * 4 + 5  # 8 chunks and a partial one
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        mask = kernels.keep_mask((n,), 0.1, "cpu")
+    sizes = sorted(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0)
+    assert mask.numel() == n and abs(1 - mask.float().mean().item() - 0.1) < 0.01
+    assert sizes[-1] == n  # the mask itself, one byte per element
+    assert sum(sizes[:-1]) <= 8 * dropout_module._CHUNK_WORDS + 4096  # one chunk of int64
 
 
 def test_flop_counter_sees_onednn_products():

@@ -25,6 +25,8 @@ from folnet.tracing import traced
 
 _LANES = 4  # 15-bit lanes per 64-bit random word
 _LEVELS = 1 << 15
+#: Random words drawn at a time for a large mask on the CPU (2 MiB of int64).
+_CHUNK_WORDS = 1 << 18
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Tensor:
@@ -37,9 +39,29 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Te
     n = 1
     for s in shape:
         n *= s
-    words = torch.empty(-(-n // _LANES), dtype=torch.int64, device=device).random_()
-    lanes = words.view(torch.int16)[:n].bitwise_and(_LEVELS - 1)  # 15 random bits each
-    return (lanes >= round(p * _LEVELS)).view(shape)
+    threshold, n_words = round(p * _LEVELS), -(-n // _LANES)
+    if torch.device(device).type != "cpu" or n_words <= _CHUNK_WORDS:
+        words = torch.empty(n_words, dtype=torch.int64, device=device).random_()
+        return _keep(words, n, threshold).view(shape)
+    # The CPU generator hands out one 64-bit draw per word, in order, however the words are
+    # split: chunks draw the same bits as one call, with 2 MiB of words alive instead of two
+    # bytes per element (a whole square's residual mask: 32 MiB on the heap beside its mask).
+    mask = torch.empty(n, dtype=torch.bool, device=device)
+    words = torch.empty(_CHUNK_WORDS, dtype=torch.int64, device=device)
+    for w0 in range(0, n_words, _CHUNK_WORDS):
+        chunk = words[:min(_CHUNK_WORDS, n_words - w0)].random_()
+        e0 = w0 * _LANES
+        e1 = min(n, e0 + chunk.numel() * _LANES)
+        _keep(chunk, e1 - e0, threshold, out=mask[e0:e1])
+    return mask.view(shape)
+
+
+def _keep(words: torch.Tensor, n: int, threshold: int, out: torch.Tensor | None = None
+          ) -> torch.Tensor:
+    """The first ``n`` 15-bit lanes of ``words`` (cut in place: the words are the caller's own
+    scratch) at or above ``threshold``, as bool."""
+    lanes = words.view(torch.int16)[:n].bitwise_and_(_LEVELS - 1)
+    return torch.ge(lanes, threshold) if out is None else torch.ge(lanes, threshold, out=out)
 
 
 def _check_vmap(p: float) -> None:
