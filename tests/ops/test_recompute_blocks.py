@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from tolerances import assert_close, assert_rel
 
-from folnet.ops.kernels.owned import held_alone
+from folnet.ops.kernels.owned import incoming_alone
 from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
 from folnet.ops.kernels.sink import sink_einsum
 
@@ -202,7 +202,7 @@ def test_residual_inside_sums_into_the_incoming_gradient(fold):
             assert b.abs().max() > 0
             assert_close(a, b, rtol=1e-10, atol=1e-12, what=f"gradient of {name}, {rows} rows")
         hook.remove()
-        if hasattr(torch.Tensor, "_use_count"):
+        if _COUNTS:
             assert incoming == returned != []
 
 
@@ -230,16 +230,67 @@ def test_residual_inside_copies_an_incoming_gradient_another_node_holds():
     assert torch.equal(got[1], 2.0 * weight)
 
 
-def test_held_alone_reads_torch_counts():
-    """A tensor nothing else holds may be written into (where this torch has the counts); one
-    a view or a detached alias shares may not, nor a view itself."""
-    x = torch.randn(4)
-    assert held_alone(x) == (hasattr(torch.Tensor, "_use_count")
-                             and hasattr(torch._C, "_storage_Use_Count"))
-    view = x[1:]
-    assert not held_alone(x) and not held_alone(view)
-    del view
-    alias = x.detach()  # another tensor on the same storage
-    assert not held_alone(x) and not held_alone(alias)
-    del alias
-    assert held_alone(x) == held_alone(torch.randn(4))
+_COUNTS = hasattr(torch.Tensor, "_use_count") and hasattr(torch._C, "_storage_Use_Count")
+
+
+class _Record(torch.autograd.Function):
+    """An identity whose backward records `incoming_alone` of the gradient it receives."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, seen: list) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.seen = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.seen.append(incoming_alone(grad))
+        return grad, None
+
+
+def test_incoming_alone_tells_a_gradient_autograd_alone_holds():
+    """Inside a Function's backward: a product's fresh gradient is autograd's alone (where
+    this torch has the counts); one an add also hands another node, a view of the loss's, and
+    one a post-hook of the node will read are not."""
+    x = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(4, 3)
+
+    def alone(make_loss, hook: bool = False) -> bool:
+        seen: list = []
+        side = x * 3.0  # made first: its node runs after _Record's
+        y = _Record.apply(x, seen)
+        if hook:
+            y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: None)
+        torch.autograd.grad(make_loss(y, side), x)
+        assert len(seen) == 1
+        return seen[0]
+
+    assert alone(lambda y, side: (y * w).sum()) == _COUNTS
+    assert not alone(lambda y, side: ((y + side) * w).sum())
+    assert not alone(lambda y, side: y.sum())  # the loss's gradient expanded: a view
+    assert not alone(lambda y, side: (y * w).sum(), hook=True)
+
+
+@pytest.mark.parametrize("watch", ["post hook", "retained"])
+def test_residual_inside_leaves_what_others_see_of_the_incoming_gradient(watch):
+    """A node's post-hook and a retained gradient read the output's incoming gradient after
+    the blocks' backward has run: they see it as it came, not the input's total."""
+    x, u, w, v = _setup(7)
+    m = torch.randn(D, H, generator=torch.Generator().manual_seed(8), dtype=torch.float64,
+                    requires_grad=True)
+    weight = torch.randn(B, T, T, D, generator=torch.Generator().manual_seed(9),
+                         dtype=torch.float64)
+    out = _residual_blocked(x, u, w, v, m, 4)[1]
+    seen = []
+    if watch == "post hook":
+        out.grad_fn.register_hook(lambda grad_inputs, grad_outputs: seen.append(
+            grad_outputs[1].clone()))
+    else:
+        out.retain_grad()
+    grad_x = torch.autograd.grad((out * weight).sum(), x)[0]
+    incoming = seen[0] if seen else out.grad
+    assert torch.equal(incoming, weight)
+    want = torch.autograd.grad((_residual_reference(x, u, w, v, m)[1] * weight).sum(), x)[0]
+    assert_close(grad_x, want, rtol=1e-10, atol=1e-12, what="gradient of x")

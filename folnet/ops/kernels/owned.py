@@ -7,6 +7,13 @@ that tensor afterwards. Autograd hands one gradient to several nodes where an op
 returns it unchanged for two inputs (an add), so the answer is read from torch's own reference
 counts, as PyTorch's input buffer reads them before it adds in place. Those counts are private
 API: a torch without them gets False (a copy, never a wrong sum).
+
+What "alone" reads differs between torch versions inside a custom Function's backward: torch
+2.13 hands the backward the engine's only reference to its incoming gradient, while torch 2.11
+keeps one more for the length of the call (the list it passes in), dropped when the call
+returns. `incoming_alone` therefore compares against the counts a probe's backward reads, once,
+for a gradient nothing else holds; a second holder (another node's input buffer, a node's
+post-hook, a retained gradient) adds to them on every version.
 """
 
 from __future__ import annotations
@@ -15,22 +22,56 @@ import functools
 
 import torch
 
-__all__ = ["held_alone"]
+from folnet.ops.kernels.functorch import transformed
+
+__all__ = ["incoming_alone"]
 
 
-def held_alone(t: torch.Tensor) -> bool:
-    """Whether nothing but autograd's buffer holds ``t`` and its storage. A Python reference
-    (a hook that keeps the gradient) is not counted: ask only of tensors no hook sees."""
+def _counts(t: torch.Tensor) -> tuple[int, int] | None:
+    """(uses of t, uses of its storage) by torch's own counts; None where this torch lacks
+    them or t is a view (its base holds it too)."""
     use = getattr(t, "_use_count", None)
     storage_use = getattr(torch._C, "_storage_Use_Count", None)
     if use is None or storage_use is None or t._base is not None:
+        return None
+    return use(), storage_use(t.untyped_storage()._cdata)
+
+
+def incoming_alone(grad: torch.Tensor) -> bool:
+    """Whether autograd alone holds ``grad``, an incoming gradient as a custom Function's
+    backward receives it (see the module docstring): its counts are those a probe's backward
+    reads for a gradient nothing else holds. Never under a torch.func transform, where the
+    gradient is a wrapper whose counts are not autograd's."""
+    if transformed():
         return False
-    return use() == 1 and storage_use(t.untyped_storage()._cdata) == _storage_refs_alone()
+    got, alone = _counts(grad), _incoming_alone_counts()
+    return got is not None and got == alone
+
+
+class _Probe(torch.autograd.Function):
+    """An identity whose backward records the counts of the gradient it receives."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, seen: list) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.seen = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.seen.append(_counts(grad))
+        return grad, None
 
 
 @functools.cache
-def _storage_refs_alone() -> int:
-    """The storage count `held_alone` reads for a tensor that is alone: its own reference plus
-    the one of the Python storage object asked for it."""
-    alone = torch.empty(1)
-    return torch._C._storage_Use_Count(alone.untyped_storage()._cdata)
+def _incoming_alone_counts() -> tuple[int, int] | None:
+    """The counts of an incoming gradient nothing else holds, inside a custom Function's
+    backward on this torch: the probe's output times 2, so that its gradient is the product's
+    own fresh tensor (not a view of the loss's)."""
+    seen: list = []
+    with torch.enable_grad():
+        x = torch.ones(4, requires_grad=True)
+        torch.autograd.grad((_Probe.apply(x, seen) * 2.0).sum(), x)
+    return seen[0]

@@ -36,7 +36,7 @@ import torch
 
 from folnet.ops.kernels.autocast import AutocastState
 from folnet.ops.kernels.functorch import transformed
-from folnet.ops.kernels.owned import held_alone
+from folnet.ops.kernels.owned import incoming_alone
 from folnet.ops.kernels.rng import replay, rng_state
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
@@ -222,7 +222,7 @@ class _Totals:
         is the input plus the blocks' (a residual): that very tensor when autograd holds it
         alone and it has the input's layout, else a copy."""
         like = self.saved[name]
-        if (held_alone(grad) and grad.dtype == like.dtype and grad.shape == like.shape
+        if (incoming_alone(grad) and grad.dtype == like.dtype and grad.shape == like.shape
                 and grad.is_contiguous()):
             self.inputs[name] = grad
             self.shared.add(name)
