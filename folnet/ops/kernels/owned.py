@@ -13,7 +13,7 @@ What "alone" reads differs between torch versions inside a custom Function's bac
 keeps one more for the length of the call (the list it passes in), dropped when the call
 returns. `incoming_alone` therefore compares against the counts a probe's backward reads, once,
 for a gradient nothing else holds; a second holder (another node's input buffer, a node's
-post-hook, a retained gradient) adds to them on every version.
+post-hook) adds to them on every version (tests/ops/test_recompute_blocks.py).
 """
 
 from __future__ import annotations
