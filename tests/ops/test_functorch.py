@@ -104,13 +104,14 @@ def _cases() -> dict[str, Case]:
             lambda d, ws: _SegmentedLinear.apply(d[0], *ws, segs),
             lambda d, ws: tuple(F.linear(d[0], ws[0][s : s + n], ws[1][s : s + n]).movedim(
                 -1, 1 if lay == "cf" else -1) for s, n, lay in segs), [x], [w, b]),
-        "binary_ffn": Case(lambda d, ws: _BinaryFFN.apply(d[0], *ws, None, None, 1.0, None)[0],
+        "binary_ffn": Case(lambda d, ws: _BinaryFFN.apply(d[0], *ws, None, None, 1.0, None,
+                                                          None)[0],
                            lambda d, ws: _ffn(d[0], ws), [x], ffn_w),
         "binary_ffn_rows": Case(
-            lambda d, ws: _BinaryFFN.apply(d[0], *ws, 2, d[1], 1.25, None)[0],
+            lambda d, ws: _BinaryFFN.apply(d[0], *ws, 2, d[1], 1.25, None, None)[0],
             lambda d, ws: _ffn(d[0], ws, d[1], 1.25), [x, keep], ffn_w),
         "binary_ffn_rows_normalising": Case(  # each block's LayerNorm, by hand in the backward
-            lambda d, ws: _BinaryFFN.apply(d[0], *ws, 2, d[1], 1.25, 1e-5)[0],
+            lambda d, ws: _BinaryFFN.apply(d[0], *ws, 2, d[1], 1.25, 1e-5, None)[0],
             lambda d, ws: _ffn(F.layer_norm(d[0], (D,), eps=1e-5), ws, d[1], 1.25), [x, keep],
             ffn_w),
         "sink_einsum": Case(

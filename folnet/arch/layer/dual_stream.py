@@ -285,10 +285,12 @@ class DualStreamLayer(nn.Module):
         whole) and its LayerNorm to each block's slabs, so that no normalised square is made
         or kept for the backward pass; query rows of a longer domain pass their transposed
         input."""
-        drop_b = Residual.draw(u2, call.p)
-        if call.ffn_rows is not None:
-            update = self.ffn_b(u2, block_rows=call.ffn_rows, keep=drop_b.mask, p=drop_b.p,
-                                eps=self.cfg.layer_norm_eps)
+        rows, count = call.ffn_rows, u2.shape[1]
+        drop_b = Residual.draw(u2, call.p, spans=None if rows is None else [
+            (r0, min(count, r0 + rows)) for r0 in range(0, count, rows)])
+        if rows is not None:  # its backward draws each block's rows of the mask again
+            update = self.ffn_b(u2, block_rows=rows, keep=drop_b.mask, p=drop_b.p,
+                                eps=self.cfg.layer_norm_eps, redrawn=drop_b.rows)
         else:
             n2 = self._norm(u2, self.cfg.D2)
             update = self.ffn_b(n2, call.domain.transposed(n2))

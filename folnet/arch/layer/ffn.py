@@ -8,6 +8,7 @@ from torch import nn
 
 from folnet.arch import adapters
 from folnet.ops.kernels import binary_ffn
+from folnet.ops.kernels.dropout import RowMask
 
 
 class UnaryFFN(nn.Module):
@@ -36,13 +37,16 @@ class BinaryFFN(nn.Module):
 
     def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None, *,
                 block_rows: int | None = None, keep: torch.Tensor | None = None,
-                p: float = 0.0, eps: float | None = None) -> torch.Tensor:
+                p: float = 0.0, eps: float | None = None, redrawn: RowMask | None = None
+                ) -> torch.Tensor:
         """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
         for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`).
         ``block_rows`` runs a full square that many query rows at a time, recomputing each
         block in the backward pass; there ``keep`` (a bool mask of n2's shape) applies the
         residual dropout of rate ``p`` to the output, and ``eps`` makes ``n2`` the stream
-        before its LayerNorm, applied by each block to its own slabs."""
+        before its LayerNorm, applied by each block to its own slabs; ``redrawn`` is ``keep``'s
+        `RowMask` over those blocks, kept for the backward pass instead of ``keep``."""
         params = [t for m in (self.inp, self.out, self.skip)  # adapters included
                   for t in (adapters.weight(m), adapters.bias(m))]
-        return binary_ffn(n2, *params, nt=n2t, rows=block_rows, keep=keep, p=p, eps=eps)
+        return binary_ffn(n2, *params, nt=n2t, rows=block_rows, keep=keep, p=p, eps=eps,
+                          redrawn=redrawn)

@@ -25,7 +25,7 @@ widths, M1 concatenated unary outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +34,7 @@ from folnet.arch.layer.dispatch import Dispatch, Key, Mixer, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.ops import Operand
 from folnet.ops.kernels import dropout_add, keep_mask
-from folnet.ops.kernels.dropout import add_update, masked_scale
+from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale
 from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
 
 __all__ = ["LayerCall", "Residual", "mix"]
@@ -49,12 +49,19 @@ class Residual:
 
     mask: torch.Tensor | None
     p: float = 0.0
+    rows: RowMask | None = None  # the mask's generator states, when drawn over row spans
 
     @classmethod
-    def draw(cls, like: torch.Tensor, p: float, wanted: bool = True) -> Residual:
+    def draw(cls, like: torch.Tensor, p: float, wanted: bool = True,
+             spans: Sequence[tuple[int, int]] | None = None) -> Residual:
+        """``spans``: the blocks of rows (dim 1) that will read the mask, recomputed: drawn
+        piece by piece (`RowMask`: the same bits), so that they can draw their rows again."""
         if not wanted or p == 0.0:
             return cls(None)
-        return cls(keep_mask(like.shape, p, like.device), p)
+        if spans is None:
+            return cls(keep_mask(like.shape, p, like.device), p)
+        mask, rows = RowMask.draw(like.shape, p, like.device, spans)
+        return cls(mask, p, rows)
 
     @staticmethod
     def inside(piece: torch.Tensor, mask_rows: torch.Tensor | None, p: float) -> torch.Tensor:
@@ -162,7 +169,9 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
     dispatch, domain = call.dispatch, call.domain
     writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
     drop_u = Residual.draw(u1, call.p, "U" in writes)
-    drop_b = Residual.draw(u2, call.p, "B" in writes)  # (B, Q, n, D2)
+    # (B, Q, n, D2); drawn over the spans when they are recomputed: their backward draws
+    # their rows of it again rather than keeping it
+    drop_b = Residual.draw(u2, call.p, "B" in writes, call.spans if call.recompute else None)
     # what the blocks read of the binary stream, and how they normalise what they read
     binary, norm = (u2, layer.norm_binary) if n2 is None else (n2, _contiguous)
     if call.recompute:
@@ -219,8 +228,9 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
         inputs.update(handed)
         if drop_b.mask is not None:
             inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
+        redrawn = {} if drop_b.rows is None else {"drop": drop_b.rows}
         outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
-                                shared.prologue, inside)
+                                shared.prologue, inside, redrawn)
     else:  # one block, autograd's graph kept
         outs = block(Block(0, count, inputs, {}, {}, None))
     if "unary" in outs:  # (B, Q, M1)

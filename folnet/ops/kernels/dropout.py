@@ -16,6 +16,10 @@ naming what to do); the autograd Functions below compose with torch.func's trans
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
 import torch
 
 from folnet.errors import FolnetError
@@ -43,17 +47,24 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Te
     if torch.device(device).type != "cpu" or n_words <= _CHUNK_WORDS:
         words = torch.empty(n_words, dtype=torch.int64, device=device).random_()
         return _keep(words, n, threshold).view(shape)
-    # The CPU generator hands out one 64-bit draw per word, in order, however the words are
-    # split: chunks draw the same bits as one call, with 2 MiB of words alive instead of two
-    # bytes per element (a whole square's residual mask: 32 MiB on the heap beside its mask).
     mask = torch.empty(n, dtype=torch.bool, device=device)
-    words = torch.empty(_CHUNK_WORDS, dtype=torch.int64, device=device)
+    _fill(mask, threshold)
+    return mask.view(shape)
+
+
+def _fill(flat: torch.Tensor, threshold: int) -> None:
+    """Draw a CPU keep mask into the contiguous bool vector ``flat``, 2 MiB of random words at
+    a time. The CPU generator hands out one 64-bit draw per word, in order, however the words
+    are split: chunks draw the same bits as one call, with 2 MiB of words alive instead of two
+    bytes per element (a whole square's residual mask: 32 MiB on the heap beside its mask)."""
+    n = flat.numel()
+    n_words = -(-n // _LANES)
+    words = torch.empty(min(n_words, _CHUNK_WORDS), dtype=torch.int64)
     for w0 in range(0, n_words, _CHUNK_WORDS):
         chunk = words[:min(_CHUNK_WORDS, n_words - w0)].random_()
         e0 = w0 * _LANES
         e1 = min(n, e0 + chunk.numel() * _LANES)
-        _keep(chunk, e1 - e0, threshold, out=mask[e0:e1])
-    return mask.view(shape)
+        _keep(chunk, e1 - e0, threshold, out=flat[e0:e1])
 
 
 def _keep(words: torch.Tensor, n: int, threshold: int, out: torch.Tensor | None = None
@@ -62,6 +73,60 @@ def _keep(words: torch.Tensor, n: int, threshold: int, out: torch.Tensor | None 
     scratch) at or above ``threshold``, as bool."""
     lanes = words.view(torch.int16)[:n].bitwise_and_(_LEVELS - 1)
     return torch.ge(lanes, threshold) if out is None else torch.ge(lanes, threshold, out=out)
+
+
+@dataclass(frozen=True)
+class RowMask:
+    """A CPU keep mask kept as the generator states it was drawn from, piece by piece: one
+    piece per index of its first axis and span of rows of its second (in the order one draw
+    would make them), so that any span's rows -- (B, R, ...) -- can be drawn again alone.
+
+    Why: a stage run in row blocks and recomputed in the backward pass
+    (`folnet.ops.kernels.recompute`, `folnet.ops.kernels.ffn`) reads its residual's mask one
+    block at a time; keeping these states (5 KB each) instead of the mask frees a quarter of
+    the stream's float32 bytes between the passes, for one more draw of it."""
+
+    shape: tuple[int, ...]
+    p: float
+    spans: tuple[tuple[int, int], ...]
+    states: tuple[torch.Tensor, ...]  # piece (b, k) at b * len(spans) + k
+
+    @classmethod
+    def draw(cls, shape: torch.Size | tuple[int, ...], p: float, device,
+             spans: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, RowMask | None]:
+        """The mask -- the bits `keep_mask` draws for ``shape`` -- and its states; None for the
+        states where pieces could not be drawn alone: another device than the CPU (whose
+        generator numbers the draws of each call), a piece that splits a random word, or
+        under a torch.func transform or tracing."""
+        shape, spans = tuple(shape), tuple(spans)
+        inner = 1
+        for s in shape[2:]:
+            inner *= s
+        alone = (torch.device(device).type == "cpu" and not transformed() and not traced()
+                 and len(shape) >= 2 and spans and spans[0][0] == 0
+                 and spans[-1][1] == shape[1]
+                 and all(a[1] == b[0] for a, b in pairwise(spans))
+                 and all((r1 - r0) * inner % _LANES == 0 for r0, r1 in spans))
+        if not alone:
+            return keep_mask(shape, p, device), None
+        threshold, states = round(p * _LEVELS), []
+        mask = torch.empty(shape, dtype=torch.bool)
+        for b in range(shape[0]):
+            for r0, r1 in spans:
+                states.append(torch.get_rng_state())
+                _fill(mask[b, r0:r1].view(-1), threshold)
+        return mask, cls(shape, p, spans, tuple(states))
+
+    def rows(self, r0: int, r1: int) -> torch.Tensor:
+        """Rows r0:r1 (one of the spans) of the mask, drawn again: (B, R, ...)."""
+        k = self.spans.index((r0, r1))
+        threshold = round(self.p * _LEVELS)
+        out = torch.empty((self.shape[0], r1 - r0, *self.shape[2:]), dtype=torch.bool)
+        with replay(torch.device("cpu"), self.states[k]):
+            for b in range(self.shape[0]):
+                torch.set_rng_state(self.states[b * len(self.spans) + k])
+                _fill(out[b].view(-1), threshold)
+        return out
 
 
 def _check_vmap(p: float) -> None:

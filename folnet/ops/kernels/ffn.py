@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from folnet.errors import FolnetError
 from folnet.ops.kernels.autocast import cast_once
-from folnet.ops.kernels.dropout import masked_scale
+from folnet.ops.kernels.dropout import RowMask, masked_scale
 from folnet.ops.kernels.functorch import transformed
 from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
 from folnet.ops.kernels.norm import layer_norm_backward, layer_norm_stats
@@ -149,8 +149,8 @@ class _BinaryFFN(torch.autograd.Function):
     @staticmethod
     def forward(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
                 b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
-                rows: int | None, keep: torch.Tensor | None, scale: float, eps: float | None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                rows: int | None, keep: torch.Tensor | None, scale: float, eps: float | None,
+                redrawn: RowMask | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = _Weights(w_in, b_in, w_out, b_out, w_skip, b_skip)
         inplace = not transformed()
         T = n.shape[1]
@@ -173,11 +173,12 @@ class _BinaryFFN(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: tuple) -> None:
-        n, w_in, b_in, w_out, _, w_skip, _, ctx.rows, keep, ctx.scale, ctx.eps = inputs
+        n, w_in, b_in, w_out, _, w_skip, _, ctx.rows, keep, ctx.scale, ctx.eps, redrawn = inputs
         h = output[1]
         if h is not None:
             ctx.mark_non_differentiable(h)
-        ctx.save_for_backward(n, h, w_in, b_in, w_out, w_skip, keep)
+        ctx.redrawn = redrawn  # then the backward draws each block's rows of keep again
+        ctx.save_for_backward(n, h, w_in, b_in, w_out, w_skip, keep if redrawn is None else None)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _grad_h: None) -> tuple[torch.Tensor | None, ...]:
@@ -189,7 +190,10 @@ class _BinaryFFN(torch.autograd.Function):
 
         def upstream(r0: int, r1: int) -> torch.Tensor:  # (P, D2), dropped out as the output
             g = grad[:, r0:r1]
-            g = g if keep is None else masked_scale(g, keep[:, r0:r1], ctx.scale)
+            if ctx.redrawn is not None:
+                g = masked_scale(g, ctx.redrawn.rows(r0, r1), ctx.scale)
+            elif keep is not None:
+                g = masked_scale(g, keep[:, r0:r1], ctx.scale)
             return g.reshape(-1, d2)
 
         if h is not None:  # whole
@@ -217,7 +221,7 @@ class _BinaryFFN(torch.autograd.Function):
             if not inplace:
                 grad_n = torch.cat(owns, 1) + torch.cat(acrosses, 1).transpose(1, 2)
         return (grad_n, grads.w_in, grads.b_in, grads.w_out, grads.b_out, grads.w_skip,
-                grads.b_out, None, None, None, None)
+                grads.b_out, None, None, None, None, None)
 
 
 def _weights_first(w_in, b_in, w_out, b_out, w_skip, b_skip, n, nt, **options) -> torch.Tensor:
@@ -231,7 +235,7 @@ def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: t
                b_out: torch.Tensor, w_skip: torch.Tensor, b_skip: torch.Tensor,
                nt: torch.Tensor | None = None, *, rows: int | None = None,
                keep: torch.Tensor | None = None, p: float = 0.0,
-               eps: float | None = None) -> torch.Tensor:
+               eps: float | None = None, redrawn: RowMask | None = None) -> torch.Tensor:
     """The binary FFN over ``n`` (B, *tokens, D2). ``nt`` is its transposed input u2(y, x);
     None means ``n.transpose(1, 2)`` (a full square), computed inside -- on the CPU fast path
     with recomputation in the backward. Query rows of a longer domain pass their own ``nt``
@@ -240,28 +244,35 @@ def binary_ffn(n: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: t
     bool `keep_mask` of n's shape) applies dropout of rate ``p`` to the output, and ``eps``
     (a LayerNorm's epsilon) makes ``n`` the stream before its LayerNorm, which each block
     applies to its own slabs: the FFN of ``layer_norm(n, D2, eps)``, no normalised square
-    made or kept."""
+    made or kept. ``redrawn`` (``keep``'s `RowMask`, drawn over these blocks) keeps the
+    generator states ``keep`` came from for the backward pass instead of ``keep``."""
     if rows is not None:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise FolnetError(f"block rows must be a positive integer, got {rows!r}")
         if n.ndim != 4 or n.shape[1] != n.shape[2] or nt is not None:
             raise FolnetError(f"binary_ffn in blocks of rows needs a full square (B, T, T, D2), "
                               f"got {tuple(n.shape)}" + (" and nt" if nt is not None else ""))
-    elif keep is not None or eps is not None:
+        if redrawn is not None and (keep is None or redrawn.spans != tuple(
+                (r0, min(n.shape[1], r0 + rows)) for r0 in range(0, n.shape[1], rows))):
+            raise FolnetError(f"binary_ffn: redrawn is keep's row mask over blocks of {rows} "
+                              f"rows; got spans {redrawn.spans}"
+                              + (" and no keep" if keep is None else ""))
+    elif keep is not None or eps is not None or redrawn is not None:
+        given = "keep" if keep is not None else "eps" if eps is not None else "redrawn"
         raise FolnetError("binary_ffn applies a keep mask or a LayerNorm (eps) only in blocks "
-                          f"of rows; got rows=None with {'keep' if keep is not None else 'eps'}")
+                          f"of rows; got rows=None with {given}")
     # under autocast: one cast of every input, then plain products in that dtype
     weights, stream = (w_in, b_in, w_out, b_out, w_skip, b_skip), (n, nt)
     cast_out = cast_once(_weights_first, n.device, weights + (stream if eps is None else ()),
                          *(() if eps is None else stream),
                          devices=("cpu", "cuda") if rows is not None else ("cpu",),
-                         rows=rows, keep=keep, p=p, eps=eps)
+                         rows=rows, keep=keep, p=p, eps=eps, redrawn=redrawn)
     if cast_out is not None:
         return cast_out
     if rows is not None or (nt is None and onednn_ok(n, w_in) and n.is_contiguous()):
         scale = 1.0 / (1.0 - p) if keep is not None else 1.0
         return _BinaryFFN.apply(n, w_in, b_in, w_out, b_out, w_skip, b_skip, rows, keep,
-                                scale, eps)[0]
+                                scale, eps, redrawn)[0]
     if nt is None:
         nt = n.transpose(1, 2)
     hidden = F.gelu(F.linear(torch.cat([n, nt], dim=-1), w_in, b_in))  # (B, *tokens, F2)

@@ -35,6 +35,7 @@ from types import MappingProxyType
 import torch
 
 from folnet.ops.kernels.autocast import AutocastState
+from folnet.ops.kernels.dropout import RowMask
 from folnet.ops.kernels.functorch import transformed
 from folnet.ops.kernels.owned import incoming_alone
 from folnet.ops.kernels.rng import replay, rng_state
@@ -94,15 +95,16 @@ class _Job:
     prologue: Prologue | None
     params: tuple[torch.Tensor, ...]
     residual: Mapping[Hashable, Hashable]  # output name -> the input added to it
+    redrawn: Mapping[Hashable, RowMask]  # inputs not saved: read by rows, drawn again
     outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
     states: list[torch.Tensor] = field(default_factory=list)  # each span's RNG state, likewise
 
     def block(self, r0: int, r1: int, inputs: Tensors, made: Tensors = _EMPTY,
               sinks: Tensors | None = None, slabs: Tensors | None = None) -> Block:
         """The `Block` for rows r0:r1; its slab views cut from ``inputs`` unless given."""
-        if slabs is None:
+        if slabs is None:  # (a redrawn input is whole in the forward pass only)
             slabs = {name: inputs[s.source].narrow(s.dim, r0, r1 - r0)
-                     for name, s in self.slabs.items()}
+                     for name, s in self.slabs.items() if s.source in inputs}
         return Block(r0, r1, inputs, slabs, made, sinks)
 
     def made(self, inputs: Tensors, *, concat: bool = False) -> Tensors:
@@ -147,14 +149,16 @@ class _RecomputedBlocks(torch.autograd.Function):
         tensors = inputs[1 : 1 + len(job.names)]
         ctx.job, ctx.states = job, list(job.states)
         ctx.autocast = AutocastState.capture(tensors[0].device)
-        ctx.save_for_backward(*tensors)
+        ctx.save_for_backward(*(t for name, t in zip(job.names, tensors, strict=True)
+                                if name not in job.redrawn))
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         job: _Job = ctx.job
         # (unpacked once: under activation checkpointing a second unpack is an error)
-        saved = dict(zip(job.names, ctx.saved_tensors, strict=True))
+        saved = dict(zip([n for n in job.names if n not in job.redrawn], ctx.saved_tensors,
+                         strict=True))
         used = [name for name, g in zip(job.outputs, grads, strict=True) if g is not None]
         grads = dict(zip(job.outputs, grads, strict=True))
         totals = _Totals(saved, job)
@@ -328,8 +332,9 @@ def _leaves(job: _Job, saved: Tensors, wanted: set[Hashable], r0: int, r1: int,
     """The block of rows r0:r1 for a recomputation: detached inputs and slab views, requiring
     gradients where their input is wanted."""
     inputs = {n: t.detach().requires_grad_(n in wanted) for n, t in saved.items()}
-    slabs = {name: saved[s.source].narrow(s.dim, r0, r1 - r0).detach().requires_grad_(
-        s.source in wanted) for name, s in job.slabs.items()}
+    slabs = {name: job.redrawn[s.source].rows(r0, r1) if s.source in job.redrawn
+             else saved[s.source].narrow(s.dim, r0, r1 - r0).detach().requires_grad_(
+                 s.source in wanted) for name, s in job.slabs.items()}
     return job.block(r0, r1, inputs, made, sinks, slabs)
 
 
@@ -368,11 +373,11 @@ def _accumulate(total: dict, key: Hashable, grad: torch.Tensor) -> None:
         total[key] = grad.contiguous()
 
 
-
 def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int, int]],
                      inputs: Tensors, params: Sequence[torch.Tensor],
                      slabs: Mapping[Hashable, Slab] = _EMPTY, prologue: Prologue | None = None,
-                     residual: Mapping[Hashable, Hashable] = _EMPTY
+                     residual: Mapping[Hashable, Hashable] = _EMPTY,
+                     redrawn: Mapping[Hashable, RowMask] = _EMPTY
                      ) -> dict[Hashable, torch.Tensor]:
     """``run(block)`` for every span of rows, its outputs (by name, each with the rows on dim
     1) concatenated over the spans, recomputed span by span in the backward pass. ``run`` and
@@ -380,9 +385,15 @@ def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int,
     they differentiate must come through ``inputs``. ``residual`` names, for an output, an
     input of its shape added to it (see the module's docstring). Under no autograd it is a
     plain loop; under a torch.func transform a plain differentiable one (nothing
-    recomputed)."""
+    recomputed). ``redrawn`` names inputs (a `RowMask`'s mask, drawn over ``spans``) read
+    only through slabs of dim 1 and not saved: the backward pass draws each block's rows
+    again."""
+    if any(r.spans != tuple(spans) for r in redrawn.values()) or any(
+            s.source in redrawn and s.dim != 1 for s in slabs.values()):
+        raise ValueError(f"redrawn inputs {list(redrawn)}: read by rows of dim 1 only, over "
+                         f"the spans they were drawn over ({tuple(spans)})")
     job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params),
-               dict(residual))
+               dict(residual), dict(redrawn))
     tensors = dict(inputs)
     if transformed() or not torch.is_grad_enabled():
         # plain ops; under a transform built out of place (a write into an unbatched whole is
