@@ -128,3 +128,25 @@ def test_recomputed_stages_keep_states_not_masks(monkeypatch, kind):
     assert torch.equal(loss, loss_kept) and grads.keys() == grads_kept.keys()
     for name, g in grads.items():
         assert torch.equal(g, grads_kept[name]), name
+
+
+def test_states_drawn_over_other_blocks_are_refused():
+    """A `RowMask` is read by the blocks it was drawn over, or refused at once: the FFN kernel
+    with another block size, and the recomputed function with other spans."""
+    from folnet.errors import FolnetError
+    from folnet.ops.kernels import binary_ffn
+    from folnet.ops.kernels.recompute import Slab, recompute_blocks
+
+    g = torch.Generator().manual_seed(0)
+    n = torch.randn(2, 8, 8, 4, generator=g)
+    weights = [torch.randn(s, generator=g) for s in ((16, 8), (16,), (4, 16), (4,), (4, 4), (4,))]
+    keep, rows_mask = RowMask.draw(n.shape, 0.1, "cpu", _spans(8, 4))
+    with pytest.raises(FolnetError, match="redrawn is keep's row mask over blocks of 2 rows"):
+        binary_ffn(n, *weights, rows=2, keep=keep, p=0.1, redrawn=rows_mask)
+    with pytest.raises(FolnetError, match="only in blocks of rows; got rows=None with redrawn"):
+        binary_ffn(n, *weights, redrawn=rows_mask)
+    with pytest.raises(ValueError, match=r"redrawn inputs \['drop'\]: read by rows of dim 1"):
+        recompute_blocks(lambda b: {"y": b.slabs["d"].float()}, _spans(8, 2), {"drop": keep},
+                         [], {"d": Slab("drop", 1)}, redrawn={"drop": rows_mask})
+    out = binary_ffn(n, *weights, rows=4, keep=keep, p=0.1, redrawn=rows_mask)
+    assert out.shape == n.shape
