@@ -319,6 +319,8 @@ def test_both_arms_at_two_budgets_end_to_end_and_resume(tmp_path, capsys):
     report = json.loads((out / "results.json").read_text())
     rows = report["rows"]
     assert [r["name"] for r in rows] == ["j.a RPE", "jmc.atp RPE"]
+    # the questions of both budgets, generated once for the corpora, for the seed processes
+    assert len(list((out / "corpus").glob("kinship-questions-*.json"))) == 2
     for r in rows:
         assert [(c["arm"], c["value"]) for c in r["cells"]] == [
             ("pretrained", 16), ("pretrained", 32), ("scratch", 16), ("scratch", 32)]

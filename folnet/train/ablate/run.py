@@ -40,6 +40,7 @@ from folnet.train.ablate.seeds import finetune_config, pretrain_seed, row_cost, 
 from folnet.train.ablate.summary import summarise_cells, summarise_row
 from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.tasks import kinship as kinship_task
 
 
 def _prepare_corpora(plan: AblationPlan, out: Path, seeds: Sequence[int]) -> None:
@@ -61,6 +62,8 @@ def _prepare_corpora(plan: AblationPlan, out: Path, seeds: Sequence[int]) -> Non
                for task in plan.tasks for v in values
                if corpus.holds_out(plan.data, (task,))]
     held = corpus.held_out_questions(options)
+    for run in options:  # generated once here: every seed process reads them (run_seed)
+        kinship_task.save_questions(out / "corpus", run)
     for s in missing:
         print(f"== writing the pretraining corpus of seed {s} without the "
               f"{sum(map(len, held.values()))} held-out questions", flush=True)

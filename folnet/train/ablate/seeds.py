@@ -45,6 +45,7 @@ from folnet.train.finetune.evaluate import read_predictions
 from folnet.train.finetune.run import finetune
 from folnet.train.pretrain.config import PretrainConfig, load_pretrain_config
 from folnet.train.pretrain.loop import pretrain
+from folnet.train.tasks.kinship import load_questions
 
 __all__ = ["finetune_config", "pretrain_seed", "row_cost", "run_seed"]
 
@@ -168,9 +169,11 @@ def _pretrain(pcfg: PretrainConfig, what: str, log: Log) -> dict[str, Any]:
 
 def _finetune(plan: AblationPlan, seed: int, checkpoint: Path, out: Path, what: str,
               log: Log, *, extra: Mapping[str, Any] | None = None,
-              progress: bool) -> dict[str, Any]:
+              progress: bool, questions: Path | None = None) -> dict[str, Any]:
     """Finetune ``checkpoint`` on every task of the plan (a finished task is read back):
-    metrics, baselines, per-question answers and loss curves by task."""
+    metrics, baselines, per-question answers and loss curves by task. ``questions``: the
+    folder where the ablation left its generated kinship questions (`run_plan`), read
+    instead of generated again."""
     result: dict[str, Any] = {"metrics": {}, "baselines": {}, "answers": {},
                               "finetune_curves": {}}
     start = time.perf_counter()
@@ -182,6 +185,8 @@ def _finetune(plan: AblationPlan, seed: int, checkpoint: Path, out: Path, what: 
             payload = json.loads(eval_json.read_text())
         else:
             log(f"{what}: finetuning on {task}")
+            if questions is not None:
+                load_questions(questions, fcfg.to_dict())
             payload = finetune(fcfg)
         metrics, baselines = _headline(task, payload)
         result["metrics"][task] = metrics
@@ -230,7 +235,7 @@ def run_seed(plan: AblationPlan, row: AblationRow, out: Path, seed: int, *, corp
     if plan.compare is None:
         result.update(stats)
         result.update(_finetune(plan, seed, directory / "pretrain", directory / "finetune",
-                                what, log, progress=progress))
+                                what, log, progress=progress, questions=out / "corpus"))
     else:
         compare = plan.compare
         result["cells"] = []
@@ -247,7 +252,8 @@ def run_seed(plan: AblationPlan, row: AblationRow, out: Path, seed: int, *, corp
                     continue
                 cell = {"arm": arm, "value": value, **stats, **_finetune(
                     plan, seed, run_dir, directory / "cells" / name / "finetune",
-                    f"{what} {name}", log, extra=compare.overrides(value), progress=progress)}
+                    f"{what} {name}", log, extra=compare.overrides(value), progress=progress,
+                    questions=out / "corpus")}
                 atomic_write_json(cell_done, cell)
                 result["cells"].append(json.loads(cell_done.read_text()))
     atomic_write_json(done, result)

@@ -22,13 +22,15 @@ take the generator's own defaults.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.train.data.kinship import (
     RELATIONS,
@@ -43,7 +45,8 @@ from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.clutrr import CLUTRR
 from folnet.train.tasks.registry import TaskFamily
 
-__all__ = ["FAMILY", "KINSHIP", "KINSHIP_SYMBOLIC", "kinship_metrics", "kinship_questions"]
+__all__ = ["FAMILY", "KINSHIP", "KINSHIP_SYMBOLIC", "kinship_metrics", "kinship_questions",
+           "load_questions", "questions_file", "save_questions"]
 
 # CLUTRR's kind, metric, input length and recipe (paper: 100 epochs, lr 5e-5, batch 16), with
 # the generator's fixed label set and its three generated splits.
@@ -93,21 +96,92 @@ def kinship_metrics(predictions: Sequence[int], labels: Sequence[int], ks: Seque
     return out
 
 
-@functools.lru_cache(maxsize=2)
-def _questions(arguments: tuple[tuple[str, Any], ...]) -> dict[str, list[KinshipExample]]:
-    """`systematic_split` remembered: the seeds of an ablation row (one process) finetune on
-    the same questions, which take seconds to generate."""
-    return systematic_split(**dict(arguments))
+#: Generated questions by generator arguments: the seeds of an ablation row (one process)
+#: finetune on the same questions, which take seconds to generate. The last two are kept.
+_MEMO: dict[tuple[tuple[str, Any], ...], dict[str, list[KinshipExample]]] = {}
+
+
+def _arguments(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """`systematic_split`'s arguments as a run with ``options`` calls it (lists as tuples)."""
+    return tuple((argument, tuple(value) if isinstance(value, list) else value)
+                 for key, argument in _GENERATOR_OPTIONS.items()
+                 if (value := options.get(key)) is not None)
+
+
+def _remember(arguments: tuple, questions: dict[str, list[KinshipExample]]) -> None:
+    _MEMO.pop(arguments, None)
+    while len(_MEMO) >= 2:
+        del _MEMO[next(iter(_MEMO))]
+    _MEMO[arguments] = questions
 
 
 def kinship_questions(options: Mapping[str, Any]) -> dict[str, list[KinshipExample]]:
     """The generated questions of every split (``train``, ``validation``, ``test``) as a run
     with ``options`` (a finetuning run's settings) reads them, before rendering: what an
     ablation holds out of its pretraining corpus (`folnet.train.data.kinship.heldout`)."""
-    return _questions(tuple(
-        (argument, tuple(value) if isinstance(value, list) else value)
-        for key, argument in _GENERATOR_OPTIONS.items()
-        if (value := options.get(key)) is not None))
+    arguments = _arguments(options)
+    if arguments not in _MEMO:
+        _remember(arguments, systematic_split(**dict(arguments)))
+    return _MEMO[arguments]
+
+
+def questions_file(folder: Path, options: Mapping[str, Any]) -> Path:
+    """Where `save_questions` writes the questions of ``options`` in ``folder``: named by a
+    digest of the generator's arguments."""
+    key = json.dumps([[a, list(v) if isinstance(v, tuple) else v]
+                      for a, v in _arguments(options)])
+    return folder / f"kinship-questions-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def save_questions(folder: Path, options: Mapping[str, Any]) -> Path:
+    """Write `kinship_questions` of ``options`` into ``folder`` (JSON, with the generator's
+    arguments; `questions_file`), so that other processes of one run read them
+    (`load_questions`) instead of generating them again: an ablation's parent generates them
+    to hold them out of its corpora, and each seed process finetunes on them."""
+    arguments = _arguments(options)
+    path = questions_file(folder, options)
+    splits = {name: [[q.story, q.query, q.label, q.k, q.first, q.second,
+                      [list(f) for f in q.facts], q.family] for q in questions]
+              for name, questions in kinship_questions(options).items()}
+    atomic_write_json(path, {"arguments": [[a, list(v) if isinstance(v, tuple) else v]
+                                           for a, v in arguments], "splits": splits})
+    return path
+
+
+def load_questions(folder: Path, options: Mapping[str, Any]) -> bool:
+    """Take the questions of ``options`` from the file `save_questions` wrote into ``folder``;
+    False, taking nothing, when it is missing, holds other arguments, or is not what
+    `save_questions` writes (then `kinship_questions` generates them)."""
+    arguments = _arguments(options)
+    path = questions_file(folder, options)
+    if arguments in _MEMO or not path.is_file():
+        return arguments in _MEMO
+    try:
+        data = json.loads(path.read_text())
+        stored = tuple((a, tuple(v) if isinstance(v, list) else v)
+                       for a, v in data["arguments"])
+        if stored != arguments:
+            return False
+        questions = {name: [_question(row) for row in rows]
+                     for name, rows in data["splits"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if set(questions) != {"train", "validation", "test"}:
+        return False
+    _remember(arguments, questions)
+    return True
+
+
+def _question(row: list) -> KinshipExample:
+    """One stored question, its fields' types checked (TypeError, ValueError otherwise)."""
+    story, query, label, k, first, second, facts, family = row
+    texts = (story, query, label, first, second, family)
+    if not all(isinstance(t, str) for t in texts) or type(k) is not int or k < 1:
+        raise TypeError("not a stored question")
+    told = tuple(tuple(f) for f in facts)
+    if not all(len(f) == 4 and all(isinstance(w, str) for w in f) for f in told):
+        raise TypeError("not a stored fact")
+    return KinshipExample(story, query, label, k, first, second, told, family)
 
 
 def _read(spec: TaskSpec, data_dir: str | Path | None, splits: Sequence[str],
