@@ -172,8 +172,8 @@ def _finetune(plan: AblationPlan, seed: int, checkpoint: Path, out: Path, what: 
               progress: bool, questions: Path | None = None) -> dict[str, Any]:
     """Finetune ``checkpoint`` on every task of the plan (a finished task is read back):
     metrics, baselines, per-question answers and loss curves by task. ``questions``: the
-    folder where the ablation left its generated kinship questions (`run_plan`), read
-    instead of generated again."""
+    folder where the ablation's parent left its generated kinship questions before any row
+    ran (`folnet.train.ablate.run`), read instead of generated again."""
     result: dict[str, Any] = {"metrics": {}, "baselines": {}, "answers": {},
                               "finetune_curves": {}}
     start = time.perf_counter()
