@@ -35,6 +35,7 @@ from types import MappingProxyType
 import torch
 
 from folnet.ops.kernels.autocast import AutocastState
+from folnet.ops.kernels.blocks import Block, Prologue, Slab, Tensors
 from folnet.ops.kernels.dropout import RowMask
 from folnet.ops.kernels.functorch import transformed
 from folnet.ops.kernels.owned import incoming_alone
@@ -42,45 +43,7 @@ from folnet.ops.kernels.rng import replay, rng_state
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
 
-Tensors = Mapping[Hashable, torch.Tensor]
 _EMPTY: Mapping = MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class Slab:
-    """A tensor a block reads by rows: rows r0:r1 of ``inputs[source]`` along ``dim``. Read
-    through the block's view of it, not by slicing the input, so that its gradient is
-    slab-sized."""
-
-    source: Hashable
-    dim: int
-
-
-@dataclass(frozen=True)
-class Block:
-    """What one block of rows r0:r1 receives.
-
-    ``inputs`` every input whole (in the backward pass: detached leaves); ``slabs`` each
-    `Slab`'s rows, by the slab's name; ``made`` the prologue's tensors over all rows, by name
-    (empty without a prologue, and inside the prologue itself); ``sinks`` None in the forward
-    pass, in the backward pass zeros like each made tensor, to which the block may add that
-    tensor's gradient in place (`folnet.ops.kernels.sink`)."""
-
-    r0: int
-    r1: int
-    inputs: Tensors
-    slabs: Tensors
-    made: Tensors
-    sinks: Tensors | None
-
-
-@dataclass(frozen=True)
-class Prologue:
-    """What every block reads whole, made span by span: ``make(block)`` returns rows r0:r1 of
-    each such tensor by name, along its axis in ``dims`` (same names)."""
-
-    make: Callable[[Block], Tensors]
-    dims: Mapping[Hashable, int]
 
 
 @dataclass(frozen=True)

@@ -125,11 +125,15 @@ def kinship_questions(options: Mapping[str, Any]) -> dict[str, list[KinshipExamp
     return _MEMO[arguments]
 
 
+def _listed(arguments: tuple[tuple[str, Any], ...]) -> list[list[Any]]:
+    """The generator's arguments as JSON holds them (tuples as lists)."""
+    return [[a, list(v) if isinstance(v, tuple) else v] for a, v in arguments]
+
+
 def questions_file(folder: Path, options: Mapping[str, Any]) -> Path:
     """Where `save_questions` writes the questions of ``options`` in ``folder``: named by a
     digest of the generator's arguments."""
-    key = json.dumps([[a, list(v) if isinstance(v, tuple) else v]
-                      for a, v in _arguments(options)])
+    key = json.dumps(_listed(_arguments(options)))
     return folder / f"kinship-questions-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -143,8 +147,7 @@ def save_questions(folder: Path, options: Mapping[str, Any]) -> Path:
     splits = {name: [[q.story, q.query, q.label, q.k, q.first, q.second,
                       [list(f) for f in q.facts], q.family] for q in questions]
               for name, questions in kinship_questions(options).items()}
-    atomic_write_json(path, {"arguments": [[a, list(v) if isinstance(v, tuple) else v]
-                                           for a, v in arguments], "splits": splits})
+    atomic_write_json(path, {"arguments": _listed(arguments), "splits": splits})
     return path
 
 
