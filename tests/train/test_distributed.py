@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from folnet.train.engine.distributed import (
     GlobalBatchSampler,
     resolve_device,
     shard_slice,
+    shutdown,
 )
 from folnet.train.engine.runlog import read_log
 
@@ -68,6 +70,36 @@ def test_resolve_device_names_what_it_cannot_give(monkeypatch):
     with pytest.raises(FolnetError, match=r"'cuda:2': this machine has 2 CUDA device\(s\), "
                                           r"cuda:0 to cuda:1"):
         resolve_device("cuda:2")
+
+
+class _Holder:
+    """Stands for FSDP's states: an object in a reference cycle that holds the process group."""
+
+    def __init__(self, group: object) -> None:
+        self.group = group
+        self.me = self
+
+
+def test_shutdown_frees_cycles_that_hold_the_group_before_destroying_it(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    holder = _Holder(dist.group.WORLD)
+    alive = weakref.ref(holder)
+    del holder  # unreachable now, but only a collection frees a cycle
+    assert alive() is not None
+    seen: list[bool] = []
+    destroy = dist.destroy_process_group
+
+    def recorded(*args: object, **kwargs: object) -> None:
+        seen.append(alive() is None)
+        destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", recorded)
+    shutdown(DistContext(rank=0, world_size=1, owns_group=True), finished=True)
+    assert seen == [True]  # the cycle went before the group did
+    assert not dist.is_initialized()
 
 
 def free_port() -> int:

@@ -15,6 +15,7 @@ collator generator is identical on every rank, so rank 0's checkpoint is everyon
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -127,8 +128,15 @@ def shutdown(ctx: DistContext, *, finished: bool = False) -> None:
     """Destroy the process group this run made. ``finished`` (every rank got to the end): meet
     at a barrier first, so that no rank tears its group down while a peer still talks on it
     (gloo aborted a rank at exit, now and then, when one left early). After a failure there is
-    no barrier: a peer may never arrive."""
+    no barrier: a peer may never arrive.
+
+    The garbage is collected first: a sharded engine (FSDP's states, parameter groups and
+    device mesh) is a web of reference cycles that outlives the run's frames, and it holds the
+    group. Left to a later collection, it was freed after the group was torn down, or during
+    the interpreter's finalisation, where a rank aborted now and then ("terminate called
+    without an active exception", under load)."""
     if ctx.owns_group and dist.is_initialized():
+        gc.collect()
         if finished and ctx.is_distributed:
             dist.barrier()
         dist.destroy_process_group()
