@@ -37,7 +37,7 @@ from folnet.errors import FolnetError
 
 __all__ = ["CPU_HEAP_FACTOR", "DEFAULT_CPU_BUDGET", "SHARE_ENV", "Fit", "StepMemory",
            "allocation_failure", "available_bytes", "fit_batch", "format_bytes", "parse_budget",
-           "resolve_budget", "sharing_processes"]
+           "process_bytes", "resolve_budget", "sharing_processes"]
 
 GiB = 1 << 30
 #: A CPU run's step budget where the available memory cannot be read (else 80% of it: the
@@ -46,8 +46,13 @@ DEFAULT_CPU_BUDGET = 3 * GiB
 #: Resident peak over saved-for-backward bytes, per sequence (measured, README "Memory").
 CPU_HEAP_FACTOR = 1.0
 CUDA_FACTOR = 1.0
-#: Resident memory of a training process before its first step (torch, corpus, tokenizer).
+#: Resident memory of a training process before its first step (torch, corpus, tokenizer),
+#: with a CPU build of torch.
 PROCESS_BYTES = 700 << 20
+#: What a CUDA build of torch adds to it, on a CPU run too: its GPU libraries are mapped at
+#: import and partly resident (measured after ``import torch, folnet.cli``: 235 MiB with
+#: 2.13.0+cpu, 633 MiB with 2.11.0+cu130). pip's default torch on Linux is such a build.
+CUDA_BUILD_BYTES = 400 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000 ** 2, "mib": 1 << 20, "g": GiB, "gb": 1000 ** 3, "gib": GiB,
           "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
@@ -149,6 +154,12 @@ def sharing_processes() -> int:
     return max(counts)
 
 
+def process_bytes() -> int:
+    """The resident memory a CPU training process holds before its first step, for the torch
+    build this process imported (`PROCESS_BYTES`, plus `CUDA_BUILD_BYTES` for a CUDA build)."""
+    return PROCESS_BYTES + (CUDA_BUILD_BYTES if torch.version.cuda is not None else 0)
+
+
 @dataclass(frozen=True)
 class StepMemory:
     """Peak bytes of one optimiser step as ``fixed + per_sequence * micro_batch``."""
@@ -165,7 +176,7 @@ class StepMemory:
         """From the bytes autograd saves per sequence (`folnet.arch.info`), the output head's
         per-sequence logits and the parameter count."""
         factor = CUDA_FACTOR if device.type == "cuda" else CPU_HEAP_FACTOR
-        fixed = 4 * parameters * 4 + (PROCESS_BYTES if device.type == "cpu" else 0)
+        fixed = 4 * parameters * 4 + (process_bytes() if device.type == "cpu" else 0)
         return cls(fixed=fixed, per_sequence=math.ceil(factor * (saved_bytes + head_bytes)))
 
 
