@@ -36,9 +36,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m compileall -q folnet tests benchmarks
 	touch $@
 
+# The main run names its 15 slowest tests: CI sits near its 10 minutes on slow machines, and
+# its log then says where the time went.
 test: setup
 	$(DOCS_BUILD) --strict
-	$(PYTEST)
+	$(PYTEST) --durations=15
 	$(MAKE) --no-print-directory test-numerics
 
 # The numerical tests under the other kernel set (those also marked slow -- torchrun, export,
