@@ -603,7 +603,8 @@ def seeds_per_minute(record: Mapping[str, Any]) -> tuple[float, float, float]:
 def demo_against(record: Mapping[str, Any]) -> str:
     """`make demo` from fresh clones of two commits, one run after another."""
     rows = [(r["started"], r["side"], _code(r["commit"]), r["seeds"], r["venv"],
-             f"{r['wall_s']:.1f} s", f"{r['rows_s']} s", f"{r['cpu_s']:.0f} s")
+             f"{r['wall_s']:.1f} s", f"{r['rows_s']} s",
+             "not measured" if r["cpu_s"] is None else f"{r['cpu_s']:.0f} s")
             for r in record["runs"]]
     before, after, ratio = seeds_per_minute(record)
     return (f"*Measured {machine_line(record['machine'])}; {record['command']}. Mean wall "
