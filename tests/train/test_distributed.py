@@ -83,23 +83,28 @@ class _Holder:
 def test_shutdown_frees_cycles_that_hold_the_group_before_destroying_it(tmp_path, monkeypatch):
     import torch.distributed as dist
 
+    assert not dist.is_initialized()  # (no test leaves a group behind)
+    destroy = dist.destroy_process_group
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
-    holder = _Holder(dist.group.WORLD)
-    alive = weakref.ref(holder)
-    del holder  # unreachable now, but only a collection frees a cycle
-    assert alive() is not None
-    seen: list[bool] = []
-    destroy = dist.destroy_process_group
+    try:
+        holder = _Holder(dist.group.WORLD)
+        alive = weakref.ref(holder)
+        del holder  # unreachable now, but only a collection frees a cycle
+        assert alive() is not None
+        seen: list[bool] = []
 
-    def recorded(*args: object, **kwargs: object) -> None:
-        seen.append(alive() is None)
-        destroy(*args, **kwargs)
+        def recorded(*args: object, **kwargs: object) -> None:
+            seen.append(alive() is None)
+            destroy(*args, **kwargs)
 
-    monkeypatch.setattr(dist, "destroy_process_group", recorded)
-    shutdown(DistContext(rank=0, world_size=1, owns_group=True), finished=True)
-    assert seen == [True]  # the cycle went before the group did
-    assert not dist.is_initialized()
+        monkeypatch.setattr(dist, "destroy_process_group", recorded)
+        shutdown(DistContext(rank=0, world_size=1, owns_group=True), finished=True)
+        assert seen == [True]  # the cycle went before the group did
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            destroy()
 
 
 def free_port() -> int:
