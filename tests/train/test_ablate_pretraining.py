@@ -276,10 +276,7 @@ def test_a_run_directory_from_before_still_reports(tmp_path):
     md = paths["md"].read_text()
     assert "| 1 | FOLNet: j.a |" in md and "Pretraining gain" not in md
     assert "Seeds that pretrained on `kinship` read the corpus as drawn" in md
-    # the questions are generated once, for the seeds still to run; a corpus is written by
-    # the process that runs a seed, and none of these two is left to run
-    assert len(list((out / "corpus").glob("kinship-questions-*.json"))) == 1
-    assert not list((out / "corpus").glob("kinship-seed_*"))
+    assert (out / "corpus" / "kinship-seed_1.txt").is_file()  # ready for unfinished seeds
 
 
 # -- a real run ----------------------------------------------------------------------------

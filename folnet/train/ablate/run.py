@@ -43,39 +43,40 @@ from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import kinship as kinship_task
 
 
-def _questions(plan: AblationPlan, out: Path) -> list[dict[str, Any]]:
-    """The settings of every finetuning run whose kinship questions a corpus holds out, their
-    questions in ``OUT/corpus`` (`kinship_task.save_questions`): read from there when a process
-    of this ablation wrote them, else generated and written for the others to read."""
+def _prepare_corpora(plan: AblationPlan, out: Path, seeds: Sequence[int]) -> None:
+    """Write the held-out corpus of every pretraining seed that lacks one (`corpus`), before
+    any row starts: the seed processes of ``--jobs N`` then only read them."""
+    if not corpus.holds_out(plan.data, plan.tasks):
+        return
+    documents = int(dict(plan.pretrain).get("kinship_documents",
+                                            PretrainConfig.kinship_documents))
+    wanted = {pretrain_seed(plan, s) for s in seeds}
+    missing = sorted(s for s in wanted
+                     if not corpus.corpus_file(out, plan.data, s).with_suffix(".json").is_file())
+    if not missing:
+        return
     values = plan.compare.values if plan.compare is not None else (None,)
     options = [finetune_config(plan, task, 0, checkpoint=out, out=out,
                                extra=plan.compare.overrides(v) if plan.compare else None
                                ).to_dict()
                for task in plan.tasks for v in values
                if corpus.holds_out(plan.data, (task,))]
-    for run in options:
-        if not kinship_task.load_questions(out / "corpus", run):
-            kinship_task.save_questions(out / "corpus", run)
-    return options
+    held = corpus.held_out_questions(options)
+    for run in options:  # generated once here: every seed process reads them (run_seed)
+        kinship_task.save_questions(out / "corpus", run)
+    for s in missing:
+        print(f"== writing the pretraining corpus of seed {s} without the "
+              f"{sum(map(len, held.values()))} held-out questions", flush=True)
+        corpus.write_corpus(out, plan.data, documents=documents, seed=s, held=held,
+                            tasks=plan.tasks)
 
 
 def _corpus(plan: AblationPlan, out: Path, seed: int) -> str:
-    """What row seed ``seed`` pretrains on: its held-out corpus file (written here unless it
-    is there), or the plan's data. Called by whoever runs the seed, so that the seed processes
-    of ``--jobs N`` write their corpora side by side; two rows' seeds writing one corpus at
-    once write the same bytes (`corpus.write_corpus`)."""
+    """What row seed ``seed`` pretrains on: its held-out corpus file, or the plan's data."""
     if not corpus.holds_out(plan.data, plan.tasks):
         return plan.data
-    path = corpus.corpus_file(out, plan.data, pretrain_seed(plan, seed))
-    if not path.with_suffix(".json").is_file():
-        held = corpus.held_out_questions(_questions(plan, out))
-        documents = int(dict(plan.pretrain).get("kinship_documents",
-                                                PretrainConfig.kinship_documents))
-        print(f"== writing the pretraining corpus of seed {pretrain_seed(plan, seed)} "
-              f"without the {sum(map(len, held.values()))} held-out questions", flush=True)
-        corpus.write_corpus(out, plan.data, documents=documents, seed=pretrain_seed(plan, seed),
-                            held=held, tasks=plan.tasks)
-    return str(path)
+    _prepare_corpora(plan, out, [seed])
+    return str(corpus.corpus_file(out, plan.data, pretrain_seed(plan, seed)))
 
 
 def run_row(plan: AblationPlan, row: AblationRow, out: Path, *,
@@ -153,8 +154,7 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
     with FreshStart(out) as fresh:  # a start refused here leaves nothing in OUT
         out.mkdir(parents=True, exist_ok=True)
         _check_out(plan, out)
-        if corpus.holds_out(plan.data, plan.tasks):
-            _questions(plan, out)  # generated once: every seed process reads them
+        _prepare_corpora(plan, out, range(plan.seeds) if seeds is None else seeds)
         fresh.begun()
     started = time.perf_counter()
     outcome = ParallelOutcome()
