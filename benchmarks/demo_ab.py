@@ -78,8 +78,9 @@ def rows_seconds(log: str) -> int:
 
 
 def run_demo(clone: Path, side: str, commit: str, round_: int, make: str, target: str) -> Run:
-    """Time ``make TARGET`` in ``clone``; its output goes to ``<clone>-round<r>.log``."""
-    demo_out = clone / "runs" / "demo"
+    """Time ``make TARGET`` in ``clone``; its output goes to ``<clone>-round<r>.log``. The
+    Makefile's demo targets write their ablation to ``runs/<target>`` (demo, demo-operators)."""
+    demo_out = clone / "runs" / target
     if demo_out.exists():
         shutil.rmtree(demo_out)  # every round from the start, as a fresh clone runs it
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +101,15 @@ def kinship_metrics(predictions: Sequence[int], labels: Sequence[int], ks: Seque
 _MEMO: dict[tuple[tuple[str, Any], ...], dict[str, list[KinshipExample]]] = {}
 
 
+def _keyed(pairs: Iterable[Sequence[Any]]) -> tuple[tuple[str, Any], ...]:
+    """(argument, value) pairs as a memo key: lists made tuples (options and JSON hold lists)."""
+    return tuple((a, tuple(v) if isinstance(v, list) else v) for a, v in pairs)
+
+
 def _arguments(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """`systematic_split`'s arguments as a run with ``options`` calls it (lists as tuples)."""
-    return tuple((argument, tuple(value) if isinstance(value, list) else value)
-                 for key, argument in _GENERATOR_OPTIONS.items()
-                 if (value := options.get(key)) is not None)
+    return _keyed((argument, value) for key, argument in _GENERATOR_OPTIONS.items()
+                  if (value := options.get(key)) is not None)
 
 
 def _remember(arguments: tuple, questions: dict[str, list[KinshipExample]]) -> None:
@@ -161,9 +165,7 @@ def load_questions(folder: Path, options: Mapping[str, Any]) -> bool:
         return arguments in _MEMO
     try:
         data = json.loads(path.read_text())
-        stored = tuple((a, tuple(v) if isinstance(v, list) else v)
-                       for a, v in data["arguments"])
-        if stored != arguments:
+        if _keyed(data["arguments"]) != arguments:
             return False
         questions = {name: [_question(row) for row in rows]
                      for name, rows in data["splits"].items()}
