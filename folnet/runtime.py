@@ -21,14 +21,17 @@ pages, returned when freed, as glibc does by default -- the per-block ones stay 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import os
 
 import torch
 
 from folnet.arch.layer.memory import AUTO_MIN_T
+from folnet.libc import libc_function, release_free_memory, resident_bytes
+
+# (release_free_memory and resident_bytes live in the leaf `folnet.libc` and stay importable
+# from here, where they were first documented)
+__all__ = ["LARGE_ALLOCATION", "deterministic_algorithms", "release_free_memory",
+           "resident_bytes", "tune_cpu_allocator"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -37,19 +40,6 @@ _M_MMAP_THRESHOLD = -3
 #: Allocations from this size on get their own pages in a long-sequence process.
 LARGE_ALLOCATION = 64 << 20
 _done: bool | None = None  # None: not tuned; else whether it was tuned for long sequences
-
-
-@functools.cache
-def _libc_function(name: str):
-    """glibc's ``name`` (None off glibc), looked up once: `ctypes.util.find_library` runs
-    ldconfig in a subprocess, too slow to repeat between training steps."""
-    library = ctypes.util.find_library("c")
-    if not library:
-        return None
-    try:
-        return getattr(ctypes.CDLL(library), name)
-    except (OSError, AttributeError):
-        return None
 
 
 def tune_cpu_allocator(seq_len: int | None = None) -> bool:
@@ -63,7 +53,7 @@ def tune_cpu_allocator(seq_len: int | None = None) -> bool:
         return True
     if os.environ.get("FOLNET_NO_ALLOCATOR_TUNING"):
         return False
-    mallopt = _libc_function("mallopt")
+    mallopt = libc_function("mallopt")
     if mallopt is None:
         return False
     # One arena: with per-thread arenas and mmap off, allocations made on OpenMP worker
@@ -76,32 +66,6 @@ def tune_cpu_allocator(seq_len: int | None = None) -> bool:
     ok = pages and mallopt(_M_ARENA_MAX, 1) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
     _done = long if ok else None
     return ok
-
-
-def resident_bytes() -> int | None:
-    """This process's resident memory now (Linux ``/proc/self/statm``), or None elsewhere."""
-    try:
-        pages = int(open("/proc/self/statm", encoding="ascii").read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def release_free_memory() -> bool:
-    """Hand the heap's free pages back to the operating system (glibc ``malloc_trim``).
-
-    Why it exists: with the heap kept (`tune_cpu_allocator`), freed blocks are reused, but the
-    holes that tensors of different sizes leave grow the heap step after step -- measured on
-    the tiny preset at 32 sequences per micro-batch with gradient accumulation: 1.9 GiB after
-    the first step, 2.4 GiB after the seventh, 4.8 GiB after the twentieth. A run that must
-    stay inside a memory budget calls this when its resident memory passes the budget: the
-    next step faults the returned pages in again (a cost paid only then). Returns whether
-    anything could be asked (False off glibc)."""
-    trim = _libc_function("malloc_trim")
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 def deterministic_algorithms(enabled: bool, warn_only: bool = False) -> None:

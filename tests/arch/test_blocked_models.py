@@ -9,7 +9,14 @@ import torch
 from tolerances import assert_rel
 
 import folnet
-from folnet.arch.layer.memory import AUTO_MIN_T, BLOCK_PAIRS, block_reach, block_rows_for
+from folnet.arch.layer.memory import (
+    AUTO_MIN_T,
+    BLOCK_PAIRS,
+    TIGHT_PAIRS,
+    block_reach,
+    block_rows_for,
+    releases_heap,
+)
 from folnet.errors import FolnetError
 from folnet.ops import get_operator
 
@@ -52,7 +59,7 @@ BOUND = {torch.float32: 1e-4, torch.float64: 1e-10}
 
 
 def _compare(ops: str, kind: str, dropout: float = 0.0, dtype: torch.dtype = torch.float32,
-             **kw):
+             mode: str = "blocked", **kw):
     torch.manual_seed(0)
     head = "pretraining" if kind == "encoder" else None
     model = folnet.build_model(ops, preset="tiny", kind=kind, head=head, vocab_size=V,
@@ -60,7 +67,7 @@ def _compare(ops: str, kind: str, dropout: float = 0.0, dtype: torch.dtype = tor
     batch = _batch(kind)
     folnet.set_memory(model, "full")
     loss_full, grads_full = _loss_and_grads(model, batch)
-    folnet.set_memory(model, "blocked", block_rows=3)
+    folnet.set_memory(model, mode, block_rows=3)
     loss_blocked, grads_blocked = _loss_and_grads(model, batch)
     assert grads_full.keys() == grads_blocked.keys() and len(grads_full) > 10
     bound = BOUND[dtype]
@@ -74,6 +81,21 @@ def _compare(ops: str, kind: str, dropout: float = 0.0, dtype: torch.dtype = tor
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "encoder-decoder"])
 def test_blocked_equals_full_jmc_atp(kind):
     _compare("jmc.atp", kind)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_tight_equals_full_and_releases_the_heap_around_each_mixer_backward(kind, monkeypatch):
+    """``"tight"`` computes what ``"blocked"`` does (the blocks' rows are the only other
+    choice it makes), and on a CPU hands the heap back twice per layer's recomputed mixer
+    stage: once before its forward blocks, twice in its backward pass."""
+    import folnet.arch.layer.mixer as mixer
+
+    calls = []
+    monkeypatch.setattr(mixer, "release_free_memory", lambda: calls.append(1))
+    _compare("jmc.atp", kind, dropout=0.1, attention_dropout=0.0, mode="tight")
+    model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, vocab_size=V)
+    layers = [m for m in model.modules() if hasattr(m, "memory_mode")]
+    assert len(layers) == model.cfg.L >= 2 and len(calls) == 3 * len(layers)
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "encoder-decoder"])
@@ -172,6 +194,14 @@ def test_auto_choice_and_errors():
         assert block_rows_for(4096, "auto", None, device_type=device_type) is None
         assert block_rows_for(4096, "blocked", 8, device_type=device_type) == 8
     assert block_rows_for(4096, "auto", 8, device_type="cpu") == 8
+    # "tight": smaller blocks by default (16 rows per stage at batch 2, T 512), the rows asked
+    # for when given, blocked on every device, the heap released on a CPU only
+    for stage in ("mixer", "ffn"):
+        assert block_rows_for(512, "tight", None, row_pairs=2 * 512, stage=stage) == 16
+        assert TIGHT_PAIRS[stage] < BLOCK_PAIRS[stage]
+    assert block_rows_for(8, "tight", 3, device_type="cuda") == 3
+    assert releases_heap("tight", "cpu") and not releases_heap("tight", "cuda")
+    assert not any(releases_heap(mode, "cpu") for mode in ("auto", "full", "blocked"))
     model = folnet.build_model("j.a", preset="tiny")
     with pytest.raises(FolnetError, match=r"memory mode 'tiled' is unknown; use 'auto', 'full'"):
         folnet.set_memory(model, "tiled")

@@ -40,7 +40,7 @@ def _reference(x, u, w, v, p: float = 0.0):
     return out_u, out_b
 
 
-def _blocked(x, u, w, v, rows: int, p: float = 0.0, sink: bool = False):
+def _blocked(x, u, w, v, rows: int, p: float = 0.0, sink: bool = False, release=None):
     def shared(block: Block):  # rows r0:r1 of the shared premise (dim 1)
         return {"premise": F.linear(block.slabs["x rows"], v).tanh()}
 
@@ -62,7 +62,7 @@ def _blocked(x, u, w, v, rows: int, p: float = 0.0, sink: bool = False):
     spans = [(r0, min(T, r0 + rows)) for r0 in range(0, T, rows)]
     slabs = {"u rows": Slab("u", 1), "x rows": Slab("x", 1), "x cols": Slab("x", 2)}
     outs = recompute_blocks(run, spans, {"u": u, "x": x}, [w, v], slabs=slabs,
-                            prologue=Prologue(shared, {"premise": 1}))
+                            prologue=Prologue(shared, {"premise": 1}), release=release)
     assert list(outs) == ["unary", "binary"]
     return outs["unary"], outs["binary"]
 
@@ -71,6 +71,38 @@ def _grads(outs, tensors, seed=3):
     g = torch.Generator().manual_seed(seed)
     loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
     return torch.autograd.grad(loss, tensors)
+
+
+def test_release_runs_at_the_start_and_the_end_of_the_backward_pass_only():
+    """``release`` (the "tight" memory mode's heap release) is called once in the forward pass
+    (before the first block) and twice in the backward pass -- before the first block is
+    recomputed and after the prologue's gradients are in --, never without autograd, and
+    changes nothing computed."""
+    x, u, w, v = _setup()
+    events: list[str] = []
+    real_add = torch.Tensor.add_
+
+    def release():
+        events.append("release")
+
+    ref = _blocked(x, u, w, v, 4)
+    ref_grads = _grads(ref, (x, u, w, v))
+    got = _blocked(x, u, w, v, 4, release=release)
+    assert events == ["release"]  # the forward pass, before its blocks
+    with torch.no_grad():
+        _blocked(x.detach(), u.detach(), w.detach(), v.detach(), 4, release=release)
+    assert events == ["release"]
+    events.clear()
+    try:  # every in-place add of the backward pass (the totals, the sinks) is logged
+        torch.Tensor.add_ = lambda self, *a, **k: (events.append("add"), real_add(self, *a,
+                                                                                     **k))[1]
+        grads = _grads(got, (x, u, w, v))
+    finally:
+        torch.Tensor.add_ = real_add
+    assert events.count("release") == 2 and events.count("add") > 4
+    assert events[0] == "release" and events[-1] == "release"
+    for name, a, b in zip("xuwv", grads, ref_grads, strict=True):
+        assert torch.equal(a, b), f"gradient of {name} changed by the release"
 
 
 @pytest.mark.parametrize("sink", [False, True])

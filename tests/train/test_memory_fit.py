@@ -130,6 +130,13 @@ def test_the_estimate_follows_the_mode_auto_takes_on_the_device():
     short = config.replace(seq_len=128)
     assert (pretraining_step_memory(short, 1024, torch.device("cuda")).per_sequence
             == pretraining_step_memory(short, 1024, CPU).per_sequence)
+    # --memory-mode: what it saves, on any device ("tight" saves what "blocked" saves)
+    for device in (CPU, torch.device("cuda")):
+        per = {mode: pretraining_step_memory(config.replace(memory_mode=mode), 1024,
+                                             device).per_sequence
+               for mode in ("full", "blocked", "tight")}
+        assert per["tight"] == per["blocked"] and per["full"] > 1.5 * per["blocked"]
+    assert per["full"] == gpu.per_sequence
 
 
 @pytest.mark.numerics

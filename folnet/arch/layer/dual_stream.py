@@ -42,7 +42,7 @@ from folnet.arch.config import ModelConfig
 from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
-from folnet.arch.layer.memory import block_reach, block_rows_for
+from folnet.arch.layer.memory import block_reach, block_rows_for, releases_heap
 from folnet.arch.layer.mixer import LayerCall, Residual, mix
 from folnet.arch.layer.relative import check_static_relative, static_relative
 from folnet.arch.layer.slots import (
@@ -276,7 +276,9 @@ class DualStreamLayer(nn.Module):
                          ffn_rows=rows["ffn"] if domain.rows is None else None,
                          context=context, attentions=attentions,
                          p=self.cfg.dropout if self.training else 0.0,
-                         recompute=rows["mixer"] is not None)
+                         recompute=rows["mixer"] is not None,
+                         release_heap=(rows["mixer"] is not None
+                                       and releases_heap(self.memory_mode, u2.device.type)))
 
     def binary_ffn_stage(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
         """The binary Boolean stage and its residual on u2 (B, Q, n, D2). A full square

@@ -18,7 +18,16 @@ for the backward pass, never the function computed -- so it is set on a built mo
   spare. A run whose square does not fit asks for ``"blocked"``;
 * ``"full"``: always the full square;
 * ``"blocked"``: always blocked, ``block_rows`` rows at a time, by default as many rows as
-  make `BLOCK_PAIRS` token pairs (batch x rows x columns) per block for that stage.
+  make `BLOCK_PAIRS` token pairs (batch x rows x columns) per block for that stage;
+* ``"tight"``: blocked for the least memory, at some cost in time -- by default blocks of
+  `TIGHT_PAIRS` (a quarter of the mixer's pairs, half of the FFN's), and on a CPU the heap's
+  free pages handed back to the operating system (`folnet.libc.release_free_memory`) before
+  each recomputed mixer stage's forward pass and before and after its backward pass. What a
+  step keeps beyond its tensors on a CPU is heap: freed blocks between tensors of other sizes,
+  which the smaller blocks make smaller and the release returns. Measured (T = 512, batch 2,
+  checkpointed, `benchmarks/long_memory.py`, AMD EPYC, 2026-11-29; docs/figures/
+  memory-modes-epyc): the resident peak above steady from 10.3-11.6 U to 7.3-7.5 U on the
+  small preset, from 19.1-20.8 U to 15.6-16.1 U on the base one, at 1.3x the step's time.
 """
 
 from __future__ import annotations
@@ -30,10 +39,10 @@ from folnet.ops import masks
 from folnet.ops.spec import ROLES, OperatorSpec
 from folnet.tracing import traced
 
-__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "auto_blocks", "block_reach",
-           "block_rows_for", "set_memory"]
+__all__ = ["AUTO_MIN_T", "BLOCK_PAIRS", "MEMORY_MODES", "TIGHT_PAIRS", "auto_blocks",
+           "block_reach", "block_rows_for", "releases_heap", "set_memory"]
 
-MEMORY_MODES = ("auto", "full", "blocked")
+MEMORY_MODES = ("auto", "full", "blocked", "tight")
 #: Sequence length from which ``"auto"`` blocks.
 AUTO_MIN_T = 256
 #: Token pairs per block unless told otherwise, per stage: the FFN's pairs carry its hidden
@@ -41,6 +50,13 @@ AUTO_MIN_T = 256
 #: and 32 FFN rows per block; 128 mixer rows or 64 FFN rows measured a higher peak, 32 mixer
 #: rows a slower step and 16 FFN rows no lower peak).
 BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
+#: The ``"tight"`` mode's token pairs per block (small preset, T = 512, batch 2: 16 rows in
+#: both stages). Measured there with the heap released (MiB above steady, step seconds, AMD
+#: EPYC, 2026-11-29): mixer/FFN rows 64/32 588-602 (8.6-8.8 s), 16/32 486-495 (10.4 s),
+#: 32/16 508-523 (9.1-9.5 s), 16/16 450-467 (11.0 s); 64/32 without the release 697-713 (8.2-
+#: 8.4 s). Each mixer block reads ``t``'s premise whole and adds into its full-size gradient
+#: sink, so small mixer blocks cost time in full-square passes.
+TIGHT_PAIRS = {"mixer": 1 << 14, "ffn": 1 << 14}
 
 
 def auto_blocks(tokens: int, device_type: str) -> bool:
@@ -59,7 +75,14 @@ def block_rows_for(tokens: int, mode: str, block_rows: int | None, *, row_pairs:
     in ``stage`` ("mixer" or "ffn") on ``device_type``, or None for the full square."""
     if mode == "full" or (mode == "auto" and not auto_blocks(tokens, device_type)):
         return None
-    return block_rows or max(1, BLOCK_PAIRS[stage] // max(1, row_pairs))
+    pairs = TIGHT_PAIRS if mode == "tight" else BLOCK_PAIRS
+    return block_rows or max(1, pairs[stage] // max(1, row_pairs))
+
+
+def releases_heap(mode: str, device_type: str) -> bool:
+    """Whether a layer in ``mode`` on ``device_type`` returns the heap's free pages around its
+    recomputed stages: ``"tight"`` on a CPU (a GPU's caching allocator has no such heap)."""
+    return mode == "tight" and device_type == "cpu"
 
 
 def set_memory(model: nn.Module, mode: str = "auto", block_rows: int | None = None) -> nn.Module:

@@ -32,6 +32,7 @@ import torch
 
 from folnet.arch.layer.dispatch import Dispatch, Key, Mixer, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
+from folnet.libc import release_free_memory
 from folnet.ops import Operand
 from folnet.ops.kernels import dropout_add, keep_mask
 from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale
@@ -92,6 +93,7 @@ class LayerCall:
     attentions: dict[str, torch.Tensor] | None  # filled with the softmax kernels, on request
     p: float  # the residual dropout rate (0 in eval)
     recompute: bool  # the blocks recomputed in the backward pass (the memory mode's choice)
+    release_heap: bool = False  # they return the heap's free pages ("tight", on a CPU)
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,8 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
             inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
         redrawn = {} if drop_b.rows is None else {"drop": drop_b.rows}
         outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
-                                shared.prologue, inside, redrawn)
+                                shared.prologue, inside, redrawn,
+                                release=release_free_memory if call.release_heap else None)
     else:  # one block, autograd's graph kept
         outs = block(Block(0, count, inputs, {}, {}, None))
     if "unary" in outs:  # (B, Q, M1)

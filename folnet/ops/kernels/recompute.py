@@ -59,6 +59,7 @@ class _Job:
     params: tuple[torch.Tensor, ...]
     residual: Mapping[Hashable, Hashable]  # output name -> the input added to it
     redrawn: Mapping[Hashable, RowMask]  # inputs not saved: read by rows, drawn again
+    release: Callable[[], object] | None  # before the forward, around the backward
     outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
     states: list[torch.Tensor] = field(default_factory=list)  # each span's RNG state, likewise
 
@@ -94,6 +95,8 @@ class _RecomputedBlocks(torch.autograd.Function):
     def forward(job: _Job, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = dict(zip(job.names, tensors, strict=False))  # then the parameters
         device = tensors[0].device
+        if job.release is not None:  # the holes the layers before left, handed back first
+            job.release()
         job.states.clear()
         made = job.made(inputs)
 
@@ -124,6 +127,8 @@ class _RecomputedBlocks(torch.autograd.Function):
                          strict=True))
         used = [name for name, g in zip(job.outputs, grads, strict=True) if g is not None]
         grads = dict(zip(job.outputs, grads, strict=True))
+        if job.release is not None:  # the holes earlier stages left, handed back first
+            job.release()
         totals = _Totals(saved, job)
         if used:
             wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
@@ -151,6 +156,8 @@ class _RecomputedBlocks(torch.autograd.Function):
             totals.settle()  # every block's upstream is read: add straight in
             del made
             totals.prologue(wanted, sinks, restore)
+        if job.release is not None:  # and the ones this stage's blocks left
+            job.release()
         return (None, *(totals.inputs.get(name) for name in job.names),
                 *(totals.params.get(id(p)) for p in job.params))
 
@@ -340,7 +347,8 @@ def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int,
                      inputs: Tensors, params: Sequence[torch.Tensor],
                      slabs: Mapping[Hashable, Slab] = _EMPTY, prologue: Prologue | None = None,
                      residual: Mapping[Hashable, Hashable] = _EMPTY,
-                     redrawn: Mapping[Hashable, RowMask] = _EMPTY
+                     redrawn: Mapping[Hashable, RowMask] = _EMPTY,
+                     release: Callable[[], object] | None = None
                      ) -> dict[Hashable, torch.Tensor]:
     """``run(block)`` for every span of rows, its outputs (by name, each with the rows on dim
     1) concatenated over the spans, recomputed span by span in the backward pass. ``run`` and
@@ -350,13 +358,17 @@ def recompute_blocks(run: Callable[[Block], Tensors], spans: Sequence[tuple[int,
     plain loop; under a torch.func transform a plain differentiable one (nothing
     recomputed). ``redrawn`` names inputs (a `RowMask`'s mask, drawn over ``spans``) read
     only through slabs of dim 1 and not saved: the backward pass draws each block's rows
-    again."""
+    again. ``release`` (if given) is called at the start of the forward pass and at the start
+    and the end of the backward pass: the ``"tight"`` memory mode hands the heap's free pages
+    back there (`folnet.libc.release_free_memory`), so that the holes the blocks leave are not
+    resident while the next stage runs -- in the forward pass too, where, with activation
+    checkpointing, the heap otherwise grew layer by layer to the step's peak (base preset)."""
     if any(r.spans != tuple(spans) for r in redrawn.values()) or any(
             s.source in redrawn and s.dim != 1 for s in slabs.values()):
         raise ValueError(f"redrawn inputs {list(redrawn)}: read by rows of dim 1 only, over "
                          f"the spans they were drawn over ({tuple(spans)})")
     job = _Job(run, tuple(spans), tuple(inputs), dict(slabs), prologue, tuple(params),
-               dict(residual), dict(redrawn))
+               dict(residual), dict(redrawn), release)
     tensors = dict(inputs)
     if transformed() or not torch.is_grad_enabled():
         # plain ops; under a transform built out of place (a write into an unbatched whole is

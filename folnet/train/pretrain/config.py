@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.arch.config import OVERRIDES
+from folnet.arch.layer.memory import MEMORY_MODES
 from folnet.errors import FolnetError, choices
 from folnet.ops.registry import ensure_registered, read_operator_file
 from folnet.ops.spec import parse_spec, spec_to_dict
@@ -44,7 +45,7 @@ MODEL_KEYS = tuple(k for k in OVERRIDES if k != "vocab_size")
 RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
                          "device", "log_every", "save_every", "keep_last", "out", "resume",
                          "num_workers", "fsdp", "tensorboard", "progress", "max_bad_steps",
-                         "memory_budget"})
+                         "memory_budget", "memory_mode"})
 # Options a resumption may change at a cost: a new --steps (no fewer than the checkpoint's
 # step) recomputes the learning-rate schedule; checked by `folnet.train.pretrain.start`.
 RESUME_RESCHEDULED = frozenset({"steps"})
@@ -141,6 +142,9 @@ class PretrainConfig(Options):
     optimizer: str = option("lamb", "lamb or adamw")
     precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
     activation_checkpointing: bool = option(False, "recompute layers in backward to save memory")
+    memory_mode: str = option("auto", "the layers' memory mode (folnet.set_memory): auto (CPU: "
+                              "row blocks from T 256 on), full, blocked, or tight (the least "
+                              "memory on long sequences, at about 1.3x the step's time)")
     trim_padding: bool = option(True, "cut each batch after its last column with a real token "
                                 "(the binary stream costs T^2): the same result up to rounding "
                                 "at dropout 0, other dropout draws otherwise")
@@ -171,7 +175,8 @@ class PretrainConfig(Options):
                              ("save_every", 1), ("keep_last", 1), ("num_workers", 0),
                              ("max_bad_steps", 1)))
         self.check_choices((("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
-                            ("schedule", SCHEDULES), ("precision", PRECISIONS)))
+                            ("schedule", SCHEDULES), ("precision", PRECISIONS),
+                            ("memory_mode", MEMORY_MODES)))
         self.check_within((("mlm_probability", 0.0, 1.0, True),
                            ("warmup_ratio", 0.0, 1.0, False), ("min_lr_ratio", 0.0, 1.0, False),
                            ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))

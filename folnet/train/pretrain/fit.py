@@ -24,8 +24,11 @@ def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: tor
     with torch.device("meta"):
         model = build_model(config.ops, preset=config.preset, head="pretraining",
                             vocab_size=vocab_size, **config.model_overrides)
-    # the layers' 'auto' mode on the run's device
-    mode = "blocked" if auto_blocks(config.seq_len, device.type) else "full"
+    # the layers' mode on the run's device ("tight" saves what "blocked" saves: the inputs of
+    # each recomputed stage)
+    mode = config.memory_mode
+    if mode == "auto":
+        mode = "blocked" if auto_blocks(config.seq_len, device.type) else "full"
     saved = saved_bytes(model, config.seq_len, mode)
     parameters = sum(p.numel() for p in model.parameters())
     # MLM logits at the predicted positions, their softmax and gradient: [P, V] float32 x 3

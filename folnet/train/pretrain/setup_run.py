@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
-from folnet.arch import build_model
+from folnet.arch import build_model, set_memory
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.runtime import deterministic_algorithms
@@ -148,6 +148,7 @@ def _model(config: PretrainConfig, start: RunStart, vocab_size: int
     model.gather_mlm = True  # MLM logits only at the predicted positions
     model.relations = False  # the losses never read the final binary stream
     model.set_activation_checkpointing(config.activation_checkpointing)
+    set_memory(model, config.memory_mode)
     state: dict[str, Any] = {"step": 0, "epoch": 0, "block": 0, "samples": 0, "tokens": 0,
                              "elapsed": 0.0, "skipped": 0, "bad_in_a_row": 0}
     trainer = None
