@@ -472,11 +472,12 @@ def figure_train_step() -> str:
                       "of the float32 product peak", "peak memory"], rows))
 
 
-def figure_step_tensors(preset: str | None = None) -> str:
+def figure_step_tensors(variant: str | None = None) -> str:
     """benchmarks/step_tensors.py's table: what a long training step holds at its peak, by
     category, the op that made it and its shape (the largest groups, then the rest); the small
-    preset's (step_tensors.json) or another's (step_tensors_<preset>.json)."""
-    data = _read(FIGURES / (f"step_tensors_{preset}.json" if preset else "step_tensors.json"))
+    preset's in the default memory mode (step_tensors.json) or a variant's, another preset or
+    mode (step_tensors_<variant>.json)."""
+    data = _read(FIGURES / (f"step_tensors_{variant}.json" if variant else "step_tensors.json"))
     args, unit, shown = data["args"], data["unit_bytes"], 12
     rows = [(r["category"], _code(r["op"]), "x".join(map(str, r["shape"])) or "?",
              r["tensors"], f"{r['bytes'] / 2**20:.1f}", f"{r['bytes'] / unit:.2f}")
@@ -701,6 +702,41 @@ def figure_memory_against(name: str) -> str:
     return text
 
 
+def figure_memory_modes(name: str) -> str:
+    """`benchmarks/long_memory.py` in several checkouts and memory modes, from
+    ``docs/figures/<name>/long_memory_<case>_<checkout>_r<N>.json`` (one fresh process per
+    case, checkout and round, rounds run alternating): one row per case, checkout and mode,
+    with the range over the rounds, and the peak in units of U = B x T² x D2 x 4 bytes."""
+    from folnet.arch import load_preset
+
+    found: dict[tuple[str, str], list] = {}
+    for path in sorted((FIGURES / name).glob("long_memory_*.json")):
+        match = re.fullmatch(r"long_memory_([a-z]+)_([0-9a-z]+)_r\d+", path.stem)
+        if match is None:
+            raise DocsError(f"{name}/{path.name}: not long_memory_<case>_<checkout>_r<N>")
+        found.setdefault((match[1], match[2]), []).append(_read(path))
+    if not found:
+        raise DocsError(f"docs/figures/{name} holds no long_memory.py result")
+    rows, last = [], None
+    for (_case, checkout), files in found.items():
+        last = files[0]
+        args = last["args"]
+        for k, row in enumerate(last["rows"]):
+            peaks = sorted(f["rows"][k]["peak_above_mb"] for f in files)
+            unit = args["batch"] * row["seq_len"] ** 2 * load_preset(args["preset"])["D2"] * 4
+            rows.append((f"{args['preset']}, B {args['batch']}, T {row['seq_len']}",
+                         _code(checkout), row["mode"],
+                         _span(files, k, "peak_above_mb", ",.0f") + " MiB",
+                         f"{peaks[0] * 2**20 / unit:.1f}-{peaks[-1] * 2**20 / unit:.1f} U",
+                         _span(files, k, "seconds", ".1f") + " s", len(files)))
+    return (f"*Measured {machine_line(last['machine'])}; `benchmarks/long_memory.py` of each "
+            f"checkout, one fresh process per round, the rounds alternating between the "
+            f"checkouts: the resident peak above the steady state (lowest-highest over the "
+            f"rounds) and the step's time.*\n\n"
+            + _table(["size", "checkout", "memory mode", "peak above steady", "in U",
+                      "step", "rounds"], rows))
+
+
 # -- the hook -----------------------------------------------------------------------------------
 
 GENERATORS: dict[str, Callable[..., str]] = {
@@ -718,6 +754,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "figure-hf-compile": figure_hf_compile,
     "figure-train-step": figure_train_step,
     "figure-step-tensors": figure_step_tensors,
+    "figure-memory-modes": figure_memory_modes,
     "figure-generate": figure_generate,
     "figure-tolerances": figure_tolerances,
     "step-estimate": step_estimate,
