@@ -194,10 +194,10 @@ def test_auto_choice_and_errors():
         assert block_rows_for(4096, "auto", None, device_type=device_type) is None
         assert block_rows_for(4096, "blocked", 8, device_type=device_type) == 8
     assert block_rows_for(4096, "auto", 8, device_type="cpu") == 8
-    # "tight": smaller blocks by default (16 rows per stage at batch 2, T 512), the rows asked
-    # for when given, blocked on every device, the heap released on a CPU only
-    for stage in ("mixer", "ffn"):
-        assert block_rows_for(512, "tight", None, row_pairs=2 * 512, stage=stage) == 16
+    # "tight": smaller blocks by default (16 mixer and 8 FFN rows at batch 2, T 512), the rows
+    # asked for when given, blocked on every device, the heap released on a CPU only
+    for stage, rows in (("mixer", 16), ("ffn", 8)):
+        assert block_rows_for(512, "tight", None, row_pairs=2 * 512, stage=stage) == rows
         assert TIGHT_PAIRS[stage] < BLOCK_PAIRS[stage]
     assert block_rows_for(8, "tight", 3, device_type="cuda") == 3
     assert releases_heap("tight", "cpu") and not releases_heap("tight", "cuda")

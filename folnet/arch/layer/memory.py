@@ -20,7 +20,7 @@ for the backward pass, never the function computed -- so it is set on a built mo
 * ``"blocked"``: always blocked, ``block_rows`` rows at a time, by default as many rows as
   make `BLOCK_PAIRS` token pairs (batch x rows x columns) per block for that stage;
 * ``"tight"``: blocked for the least memory, at some cost in time -- by default blocks of
-  `TIGHT_PAIRS` (a quarter of the mixer's pairs, half of the FFN's), and on a CPU the heap's
+  `TIGHT_PAIRS` (a quarter of `BLOCK_PAIRS` in both stages), and on a CPU the heap's
   free pages handed back to the operating system (`folnet.libc.release_free_memory`) before
   each recomputed mixer stage's forward pass and before and after its backward pass. What a
   step keeps beyond its tensors on a CPU is heap: freed blocks between tensors of other sizes,
@@ -50,13 +50,15 @@ AUTO_MIN_T = 256
 #: and 32 FFN rows per block; 128 mixer rows or 64 FFN rows measured a higher peak, 32 mixer
 #: rows a slower step and 16 FFN rows no lower peak).
 BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
-#: The ``"tight"`` mode's token pairs per block (small preset, T = 512, batch 2: 16 rows in
-#: both stages). Measured there with the heap released (MiB above steady, step seconds, AMD
-#: EPYC, 2026-11-29): mixer/FFN rows 64/32 588-602 (8.6-8.8 s), 16/32 486-495 (10.4 s),
-#: 32/16 508-523 (9.1-9.5 s), 16/16 450-467 (11.0 s); 64/32 without the release 697-713 (8.2-
-#: 8.4 s). Each mixer block reads ``t``'s premise whole and adds into its full-size gradient
-#: sink, so small mixer blocks cost time in full-square passes.
-TIGHT_PAIRS = {"mixer": 1 << 14, "ffn": 1 << 14}
+#: The ``"tight"`` mode's token pairs per block: a quarter of `BLOCK_PAIRS` in both stages
+#: (small preset, T = 512, batch 2: 16 mixer rows, 8 FFN rows). Measured there with the heap
+#: released (MiB above steady, step seconds, AMD EPYC, 2026-11-29, one process each): mixer/FFN
+#: rows 64/32 588-602 (8.6-8.8 s), 16/32 486-495 (10.4 s), 32/16 508-523 (9.1-9.5 s), 16/16
+#: 449-476 (10.4-10.7 s), 16/8 448-453 (10.2-10.6 s, six rounds), 16/4 449-461 (10.2-10.8 s);
+#: 64/32 without the release 697-713 (8.2-8.4 s). Each mixer block reads ``t``'s premise whole
+#: and adds into its full-size gradient sink, so small mixer blocks cost time in full-square
+#: passes; the FFN's blocks read slabs only.
+TIGHT_PAIRS = {"mixer": 1 << 14, "ffn": 1 << 13}
 
 
 def auto_blocks(tokens: int, device_type: str) -> bool:
