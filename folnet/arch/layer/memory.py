@@ -26,8 +26,8 @@ for the backward pass, never the function computed -- so it is set on a built mo
   step keeps beyond its tensors on a CPU is heap: freed blocks between tensors of other sizes,
   which the smaller blocks make smaller and the release returns. Measured (T = 512, batch 2,
   checkpointed, `benchmarks/long_memory.py`, AMD EPYC, 2026-11-29; docs/figures/
-  memory-modes-epyc): the resident peak above steady from 10.3-11.6 U to 7.3-7.5 U on the
-  small preset, from 19.1-20.8 U to 15.6-16.1 U on the base one, at 1.3x the step's time.
+  memory-modes-epyc): the resident peak above steady from 10.6-11.4 U to 7.0-7.4 U on the
+  small preset, from 20.1-21.8 U to 15.4-15.6 U on the base one, at 1.25-1.3x the step's time.
 """
 
 from __future__ import annotations
