@@ -63,6 +63,11 @@ class _Job:
     outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
     states: list[torch.Tensor] = field(default_factory=list)  # each span's RNG state, likewise
 
+    def hand_back(self) -> None:
+        """``release()`` when one was given (the "tight" memory mode's heap release)."""
+        if self.release is not None:
+            self.release()
+
     def block(self, r0: int, r1: int, inputs: Tensors, made: Tensors = _EMPTY,
               sinks: Tensors | None = None, slabs: Tensors | None = None) -> Block:
         """The `Block` for rows r0:r1; its slab views cut from ``inputs`` unless given."""
@@ -95,8 +100,7 @@ class _RecomputedBlocks(torch.autograd.Function):
     def forward(job: _Job, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = dict(zip(job.names, tensors, strict=False))  # then the parameters
         device = tensors[0].device
-        if job.release is not None:  # the holes the layers before left, handed back first
-            job.release()
+        job.hand_back()  # the holes the layers before left, handed back first
         job.states.clear()
         made = job.made(inputs)
 
@@ -127,8 +131,7 @@ class _RecomputedBlocks(torch.autograd.Function):
                          strict=True))
         used = [name for name, g in zip(job.outputs, grads, strict=True) if g is not None]
         grads = dict(zip(job.outputs, grads, strict=True))
-        if job.release is not None:  # the holes earlier stages left, handed back first
-            job.release()
+        job.hand_back()  # the holes earlier stages left, handed back first
         totals = _Totals(saved, job)
         if used:
             wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
@@ -156,8 +159,7 @@ class _RecomputedBlocks(torch.autograd.Function):
             totals.settle()  # every block's upstream is read: add straight in
             del made
             totals.prologue(wanted, sinks, restore)
-        if job.release is not None:  # and the ones this stage's blocks left
-            job.release()
+        job.hand_back()  # and the ones this stage's blocks left
         return (None, *(totals.inputs.get(name) for name in job.names),
                 *(totals.params.get(id(p)) for p in job.params))
 
