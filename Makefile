@@ -68,11 +68,15 @@ test-torch:
 	$(TORCH_VENV)/bin/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not slow"
 	$(TORCH_VENV)/bin/python -m pytest -q tests/project/test_installed.py
 
-# Every numerical bound against what the two kernel sets measure (tests/tolerance_report.py).
+# Every numerical bound against what the two kernel sets measure (tests/tolerance_report.py),
+# the GPU tests' included: rehearsed on the CPU (FOLNET_GPU_REHEARSAL=1), as gpu_check.py's dry
+# run does, so that their bf16 bounds are measured on both kernel sets like every other.
 tolerances: setup
 	rm -f .tolerances-*.jsonl
-	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-native.jsonl $(PYTEST) -m numerics
-	FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-default.jsonl $(OTHER_KERNELS) $(PYTEST) -m numerics
+	FOLNET_GPU_REHEARSAL=1 FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-native.jsonl $(PYTEST) \
+		-m numerics
+	FOLNET_GPU_REHEARSAL=1 FOLNET_TOLERANCE_LOG=$(CURDIR)/.tolerances-default.jsonl \
+		$(OTHER_KERNELS) $(PYTEST) -m numerics
 	$(PY) tests/tolerance_report.py .tolerances-native.jsonl .tolerances-default.jsonl \
 		--json docs/figures/tolerances.json
 

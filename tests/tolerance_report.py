@@ -19,12 +19,14 @@ import re
 import sys
 from pathlib import Path
 
+from tolerances import BF16_UNITS
+
 MARGIN = 0.1
 
 
 def _usage(line: dict) -> float:
     """Share of its bound a comparison used (1 = the bound itself)."""
-    if line["metric"] in ("rel", "at most"):
+    if line["metric"] in ("rel", "at most", "bf16 rel"):
         return line["measured"] / line["bound"] if line["bound"] else float("inf")
     return line["measured"]  # elementwise and token-lead records store the share already
 
@@ -32,6 +34,8 @@ def _usage(line: dict) -> float:
 def _bound(line: dict) -> str:
     if line["metric"] == "rel":
         return f"rel {line['bound']:.0e}"
+    if line["metric"] == "bf16 rel":  # its bound is per comparison (tests/tolerances.py)
+        return f"rel, {BF16_UNITS:g}x bf16's own"
     if line["metric"] == "at most":
         return f"<= {line['bound']:.0e}"
     return line["metric"]

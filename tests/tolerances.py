@@ -63,6 +63,40 @@ def assert_rel(got: torch.Tensor, want: torch.Tensor, bound: float, what: str) -
     return err
 
 
+#: Two bf16 computations of one quantity (row blocks against the whole square, both under
+#: autocast) differ by where each rounds to 8 bits, and how far such roundings move a result
+#: depends on the result: a gradient that is a small difference of large terms moves by many
+#: times bf16's 2^-8 (the NSP weight's of a two-row batch whose pooled rows nearly agree and
+#: whose labels differ: 0.10 from float32 on its own, Intel Xeon). A fixed relative bound is
+#: then either loose everywhere else or, as 1e-1 was, exceeded on another CPU (0.142, AMD EPYC
+#: with AVX2 only). So a bf16 comparison is bounded per tensor in units of the distance bf16
+#: itself puts between ``want`` and its float32 ``reference``: the two computations make the
+#: same roundings in other places, so they differ by about that distance (up to 1.4x of it
+#: measured on the two CPUs above), and 20x leaves more than a 10x margin over it. A wrong
+#: mask, cast or block is off by O(1) on well-conditioned tensors, whose own distance is
+#: ~5e-3: far outside 20x that.
+BF16_UNITS = 20.0
+#: ... and no smaller than 20 roundings' worth (a result bf16 does not move at all).
+BF16_FLOOR = BF16_UNITS * 2.0**-9
+
+
+def assert_bf16_rel(got: torch.Tensor, want: torch.Tensor, reference: torch.Tensor,
+                    what: str) -> float:
+    """Assert ``rel_error(got, want)`` is within `BF16_UNITS` times ``rel_error(want,
+    reference)`` (``want`` a bf16 computation, ``reference`` the same in float32), floored at
+    `BF16_FLOOR`; records the share of that bound used. Returns the error."""
+    assert got.shape == want.shape == reference.shape, (
+        f"{what}: shapes {tuple(got.shape)}, {tuple(want.shape)}, {tuple(reference.shape)}")
+    own = rel_error(want, reference)
+    bound = max(BF16_UNITS * own, BF16_FLOOR)
+    err = rel_error(got, want)
+    _record(what, "bf16 rel", err, bound)
+    assert err <= bound, (f"{what}: relative error {err:.3g} above {bound:.3g} ({BF16_UNITS:g}x "
+                          f"the {own:.3g} bf16 itself puts between the compared result and "
+                          f"float32's)")
+    return err
+
+
 def assert_close(got: torch.Tensor, want: torch.Tensor, *, rtol: float, atol: float,
                  what: str) -> float:
     """Assert ``|got - want| <= atol + rtol |want|`` everywhere (torch.testing's test, with the

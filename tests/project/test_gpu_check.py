@@ -38,6 +38,14 @@ class Hide:
         find = getattr(self.finder, "find_spec", None)
         return None if find is None else find(name, path, target)
 
+    def find_distributions(self, *args, **kwargs):
+        # importlib.metadata asks the finders for installed distributions: without this a
+        # wrapped finder has none, and a version lookup (huggingface_hub's of httpx2) failed
+        find = getattr(self.finder, "find_distributions", None)
+        for dist in (() if find is None else find(*args, **kwargs)):
+            if (dist.metadata["Name"] or "").lower() not in HIDDEN:
+                yield dist
+
     def invalidate_caches(self):
         getattr(self.finder, "invalidate_caches", lambda: None)()
 
@@ -199,3 +207,28 @@ def test_without_cuda_and_without_dry_run_nothing_runs(tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["finished"] and "torch sees no CUDA device" in report["notes"][0]
     assert all(s["status"] == "pending" for s in report["stages"].values())
+
+
+def test_the_hidden_packages_are_gone_and_every_other_distribution_stays(tmp_path):
+    """The dry run's hiding finder hides the GPU machine's missing packages only: their modules
+    and metadata are gone, every other distribution's metadata is found (importlib.metadata
+    asks the finders; before they forwarded nothing, and transformers' import of
+    huggingface_hub printed "No package metadata was found for httpx2")."""
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    probe = ("import importlib.metadata as m, importlib.util as u\n"
+             f"for name in {HIDDEN!r}:\n"
+             "    assert u.find_spec(name) is None, name\n"
+             "    try:\n"
+             "        m.version(name)\n"
+             "    except m.PackageNotFoundError:\n"
+             "        pass\n"
+             "    else:\n"
+             "        raise AssertionError(name + ' metadata still found')\n"
+             "print(m.version('torch'), m.version('httpx2'))\n"
+             "import folnet.hf\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0].startswith("2."), done.stdout
+    assert "Error importing" not in done.stdout + done.stderr

@@ -144,7 +144,10 @@ class _RecomputedBlocks(torch.autograd.Function):
             if job.prologue is not None:  # its values only: its graph is rebuilt at the end
                 with torch.no_grad(), restore():
                     made = {k: t.requires_grad_() for k, t in job.made(saved).items()}
-            sinks = {k: torch.zeros_like(t) for k, t in made.items()}
+            # each block adds its gradient of a made tensor into one total: in float32 when
+            # the tensor is made in a lower precision (autocast), so that summing the blocks
+            # rounds no more than the whole square's one product does
+            sinks = {k: torch.zeros_like(t, dtype=_total_dtype(t.dtype)) for k, t in made.items()}
             for (r0, r1), state in zip(job.spans, ctx.states, strict=True):
                 with replay(device, state), torch.enable_grad(), restore():
                     block = _leaves(job, saved, wanted, r0, r1, made, sinks)
@@ -276,7 +279,7 @@ class _Totals:
                 made = job.prologue.make(block)
                 got = self.grads([made[k] for k in names],
                                  [sinks[k].narrow(job.prologue.dims[k], r0, r1 - r0)
-                                  for k in names],
+                                  .to(made[k].dtype) for k in names],
                                  block, wanted, {})
             self.add(got, r0, r1)
             del block, made, got
@@ -336,6 +339,12 @@ def _assemble(spans: Sequence[tuple[int, int]], make: Callable, dims: Mapping | 
             outs[key].narrow(d, r0, r1 - r0).copy_(t)
         del pieces
     return outs
+
+
+def _total_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a sum of block gradients of a ``dtype`` tensor is kept in: float32 for the
+    half types, else ``dtype`` itself."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _accumulate(total: dict, key: Hashable, grad: torch.Tensor) -> None:
