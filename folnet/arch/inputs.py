@@ -15,6 +15,7 @@ import torch
 
 from folnet.arch.config import ModelConfig
 from folnet.errors import FolnetError
+from folnet.ops.kernels.device import kernel_device
 from folnet.ops.kernels.functorch import vmap_active
 from folnet.tracing import traced
 
@@ -25,7 +26,7 @@ def values_checked(tensor: torch.Tensor, validate: bool | None = None) -> bool:
     read values, which a batched tensor does not hand out)."""
     if traced() or vmap_active():
         return False
-    return validate if validate is not None else tensor.device.type == "cpu"
+    return validate if validate is not None else kernel_device(tensor.device) == "cpu"
 
 
 def check_ids(cfg: ModelConfig, ids: object, name: str = "input_ids", *,

@@ -29,6 +29,7 @@ from folnet.errors import FolnetError, choices
 from folnet.ops import masks
 from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, Call, Operand
 from folnet.ops.backends.base import activated_kernel
+from folnet.ops.kernels.device import kernel_device
 from folnet.ops.registry import get_operator
 from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
 
@@ -95,7 +96,7 @@ class CompiledOperator:
 
     def select(self, call: Call) -> Backend:
         """The backend that runs ``call`` (raises if a forced backend cannot)."""
-        return _select(self.spec, self.backend, call)
+        return _select(self.spec, self.backend, call, kernel_device(call.device))
 
     def route(self, call: Call) -> Route:
         """The backend that runs ``call`` and the layouts it wants (`Route`)."""
@@ -257,9 +258,11 @@ def _cannot(spec: OperatorSpec, backend: str, reasons: list[tuple[str, str | Non
 
 
 @functools.lru_cache(maxsize=1024)
-def _select(spec: OperatorSpec, backend: str, call: Call) -> Backend:
+def _select(spec: OperatorSpec, backend: str, call: Call, device_type: str) -> Backend:
+    """The backend for ``call``: the first of ``backend``'s list, or of ``device_type``'s
+    priority (`folnet.ops.kernels.device.kernel_device`), that supports it."""
     names = parse_backend(backend)
-    order = names or PRIORITY.get(call.device.type, DEFAULT_PRIORITY)
+    order = names or PRIORITY.get(device_type, DEFAULT_PRIORITY)
     reasons = []
     for name in order:
         reason = BACKENDS[name].why_not(spec, call)

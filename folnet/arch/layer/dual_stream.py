@@ -57,6 +57,7 @@ from folnet.arch.plan import LayerPlan
 from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import layer_norm, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
+from folnet.ops.kernels.device import kernel_device
 
 
 def _apply(fused: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -263,7 +264,7 @@ class DualStreamLayer(nn.Module):
         pairs = u2.shape[0] * u2.shape[2]  # B x n per query row
         rows = {stage: None if attentions is not None else block_rows_for(
             u2.shape[1], self.memory_mode, self.block_rows, row_pairs=pairs, stage=stage,
-            device_type=u2.device.type) for stage in ("mixer", "ffn")}
+            device_type=kernel_device(u2.device)) for stage in ("mixer", "ffn")}
         count, step = u2.shape[1], rows["mixer"]
         # the whole square is one span, written without a range over its (maybe symbolic,
         # while exporting) length
@@ -278,7 +279,8 @@ class DualStreamLayer(nn.Module):
                          p=self.cfg.dropout if self.training else 0.0,
                          recompute=rows["mixer"] is not None,
                          release_heap=(rows["mixer"] is not None
-                                       and releases_heap(self.memory_mode, u2.device.type)))
+                                       and releases_heap(self.memory_mode,
+                                                         kernel_device(u2.device))))
 
     def binary_ffn_stage(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
         """The binary Boolean stage and its residual on u2 (B, Q, n, D2). A full square

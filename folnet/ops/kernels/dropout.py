@@ -23,6 +23,7 @@ from itertools import pairwise
 import torch
 
 from folnet.errors import FolnetError
+from folnet.ops.kernels.device import kernel_device
 from folnet.ops.kernels.functorch import transformed, vmap_randomness
 from folnet.ops.kernels.rng import replay, rng_state
 from folnet.tracing import traced
@@ -44,7 +45,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Te
     for s in shape:
         n *= s
     threshold, n_words = round(p * _LEVELS), -(-n // _LANES)
-    if torch.device(device).type != "cpu" or n_words <= _CHUNK_WORDS:
+    if kernel_device(device) != "cpu" or n_words <= _CHUNK_WORDS:
         words = torch.empty(n_words, dtype=torch.int64, device=device).random_()
         return _keep(words, n, threshold).view(shape)
     mask = torch.empty(n, dtype=torch.bool, device=device)
@@ -102,7 +103,7 @@ class RowMask:
         inner = 1
         for s in shape[2:]:
             inner *= s
-        alone = (torch.device(device).type == "cpu" and not transformed() and not traced()
+        alone = (kernel_device(device) == "cpu" and not transformed() and not traced()
                  and len(shape) >= 2 and spans and spans[0][0] == 0
                  and spans[-1][1] == shape[1]
                  and all(a[1] == b[0] for a, b in pairwise(spans))

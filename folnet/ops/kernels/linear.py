@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from folnet.ops.kernels.autocast import cast_once
+from folnet.ops.kernels.device import kernel_device
 from folnet.ops.kernels.functorch import transformed
 
 
@@ -76,7 +77,7 @@ def tracing() -> bool:
 def onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``x @ w.T`` may run on oneDNN: CPU, a dtype it has here, not while tracing nor
     under a torch.func transform (its linear has no batching rule nor derivative formula)."""
-    return (_ONEDNN is not None and x.device.type == "cpu" and x.dtype == w.dtype
+    return (_ONEDNN is not None and kernel_device(x.device) == "cpu" and x.dtype == w.dtype
             and x.dtype in _ONEDNN_DTYPES and x.shape[-1] > 0
             and not tracing() and not transformed())
 
@@ -91,7 +92,7 @@ def wgrad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """
     rows = g2.shape[0]
     k = torch.get_num_threads()
-    if g2.device.type != "cpu" or k < 2 or rows < 8192 or rows % k or \
+    if kernel_device(g2.device) != "cpu" or k < 2 or rows < 8192 or rows % k or \
             g2.dtype != torch.float32:
         return g2.t().mm(x2)
     # (k, C, P/k) @ (k, P/k, D) -> (k, C, D) -> (C, D)
@@ -257,7 +258,7 @@ def segmented_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     cast_out = cast_once(segmented_linear, x.device, (x, weight, bias), segments)
     if cast_out is not None:
         return cast_out
-    if x.device.type != "cpu" or not x.is_contiguous() or tracing():
+    if kernel_device(x.device) != "cpu" or not x.is_contiguous() or tracing():
         outs = []
         for start, width, layout in segments:
             b = None if bias is None else bias[start : start + width]

@@ -15,12 +15,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from folnet.ops.kernels.device import kernel_device
+
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_stats"]
 
 
 def layer_norm(x: torch.Tensor, width: int, eps: float) -> torch.Tensor:
     """``F.layer_norm(x, (width,), eps=eps)``: x (..., width) normalised over its last dim."""
-    if x.device.type != "cpu":
+    if kernel_device(x.device) != "cpu":
         return F.layer_norm(x, (width,), eps=eps)
     # (width,) each: constants, never trained (no gradient is asked of them)
     return F.layer_norm(x, (width,), x.new_ones(width), x.new_zeros(width), eps)

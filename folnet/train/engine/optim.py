@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from folnet.errors import FolnetError, choices
+from folnet.ops.kernels.device import kernel_device
 
 __all__ = [
     "OPTIMIZERS",
@@ -163,7 +164,7 @@ def build_optimizer(model: nn.Module, name: str = "lamb", *, lr: float = 1e-3,
     groups = parameter_groups(model, weight_decay)
     if not groups:
         raise FolnetError("the model has no trainable parameters")
-    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+    on_cuda = all(kernel_device(p.device) == "cuda" for g in groups for p in g["params"])
     if name == "adamw":
         fused_adamw = fused == "auto" and on_cuda
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused_adamw or None)

@@ -64,7 +64,7 @@ from folnet.train.pretrain.inputs import micro_batches
 from folnet.train.pretrain.metrics import LOG_FIELDS, StepMetrics, log_record
 from folnet.train.pretrain.setup_run import PretrainingForward, Run, set_up
 
-__all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain"]
+__all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain", "train_step"]
 
 
 def pretrain(config: PretrainConfig) -> Path:
@@ -151,6 +151,17 @@ def _optimizer_step(run: Run, guard: StepGuard, step: int, sums: torch.Tensor
     return grad_norm, note
 
 
+def train_step(run: Run, micro: list[dict[str, torch.Tensor]], guard: StepGuard, step: int,
+               rows: slice) -> tuple[torch.Tensor, float, str | None]:
+    """One optimiser step on the masked micro-batches ``micro`` (this rank's ``rows`` of
+    each): forward and backward over them, then the update the guard allows. Returns the
+    step's packed `StepMetrics`, its gradient norm and the guard's note of a skipped step."""
+    sums = StepMetrics.zeros(run.ctx.device)  # this step's
+    _accumulate(run.engine, micro, run.config, run.ctx, run.scaler, rows, sums)
+    grad_norm, skipped = _optimizer_step(run, guard, step, sums)
+    return sums, grad_norm, skipped
+
+
 class _LogWindow:
     """The updated steps since the last log record: their packed `StepMetrics`, the tokens
     read and when the window opened."""
@@ -196,10 +207,8 @@ def _run_steps(run: Run) -> None:
         for _ in range(config.grad_accum):
             epoch, block, batch = next(batches)
             micro.append(run.collator.apply_mask(batch))
-        sums = StepMetrics.zeros(run.ctx.device)  # this step's
-        _accumulate(run.engine, micro, config, run.ctx, run.scaler, rows, sums)
         step, lr = state["step"] + 1, run.scheduler.get_last_lr()[0]
-        grad_norm, skipped = _optimizer_step(run, guard, step, sums)
+        sums, grad_norm, skipped = train_step(run, micro, guard, step, rows)
         if run.trim_above is not None and (resident_bytes() or 0) > run.trim_above:
             release_free_memory()
         if skipped is None:

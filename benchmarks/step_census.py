@@ -1,0 +1,494 @@
+"""Step census: what one steady-state training step asks of the hardware, op by op.
+
+    python benchmarks/step_census.py                          # tiny, small, base; both paths
+    python benchmarks/step_census.py --presets tiny --paths cuda --optimizer lamb
+    python benchmarks/step_census.py --json docs/figures/step_census.json
+
+Counts, in one MLM + NSP step (forward, loss, backward, gradient norm, optimiser step) of a
+FOLNet built from a preset and of transformers' BertForPreTraining of the same width, depth,
+heads and FFN width, side by side in one run:
+
+* **launching ops**: every ATen call below autograd (a `TorchDispatchMode`) that would launch
+  a kernel -- views, allocations without a fill, and reads of a tensor's metadata do not; a
+  ``_foreach_`` op counts once (on CUDA it launches one kernel per chunk of tensors);
+* **host syncs**: calls that make the host wait for the device's values -- ``item``,
+  ``tolist``, ``nonzero``, boolean indexing, ``masked_select``, ``unique`` and the like -- on a
+  tensor the step computed or moved to the device (the CPU batch the data loader made is the
+  host's own: reading it is free);
+* **bytes moved**: each launching op's tensor operands and results, read and written once
+  (a lower bound of the traffic: a matrix product reads its operands more than once).
+
+Each is split by part of the model (atoms, mixer, unary FFN, binary FFN, heads, loss,
+optimiser, the loop's own work): a forward op belongs to the innermost module running it, a
+backward op to the module whose forward made the autograd node running it.
+
+**Paths.** "cpu" is what folnet does on a CPU. "cuda" makes every kernel choice a CUDA device
+makes (`folnet.ops.kernels.device.emulate`: backend priority, the whole square, torch's own
+LayerNorm and dropout, the optimiser's fused form, no host-side value checks) while the
+tensors stay on the CPU, so the counts are the CUDA step's without a GPU. Counts do not depend
+on T or B (bytes do), and are deterministic: the tests hold them at their targets
+(tests/project/test_step_census.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import machine, write_json
+
+import folnet
+from folnet.ops.kernels.device import emulate
+
+aten = torch.ops.aten
+
+#: ATen ops that launch no kernel: allocations without a fill, aliases, metadata.
+NO_LAUNCH = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
+    "alias", "lift_fresh", "set_", "resize_", "_unsafe_view", "is_same_size", "record_stream",
+    "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "_local_scalar_dense", "is_nonzero", "equal", "_assert_async",
+    "_assert_scalar", "_functional_assert_async",
+})
+#: Ops that read a tensor's values into the host (the device's queue drained first).
+SYNC_OPS = frozenset({
+    "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
+    "unique_dim", "unique_consecutive", "equal", "is_nonzero", "_nested_tensor_from_mask",
+    "masked_scatter", "argwhere",
+})
+#: Ops whose boolean-tensor index is a sync (the output size is the count of true values).
+BOOL_INDEX_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+#: Ops whose sync depends on an argument: repeat_interleave without output_size.
+_DEVICE_TAG = "_census_device"
+
+
+def _name(func) -> str:
+    return func.overloadpacket.__name__
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _is_device(t: torch.Tensor) -> bool:
+    return getattr(t, _DEVICE_TAG, False)
+
+
+def tag(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as the device's: what is computed from it is too, and reading it syncs."""
+    setattr(t, _DEVICE_TAG, True)
+    return t
+
+
+def _syncs(func, args, kwargs) -> bool:
+    """Whether this call would make the host wait for the device (given device operands)."""
+    name = _name(func)
+    if name in SYNC_OPS:
+        return True
+    if name == "repeat_interleave" and kwargs.get("output_size") is None \
+            and any(isinstance(a, torch.Tensor) for a in args[1:2]):
+        return True
+    if name in BOOL_INDEX_OPS:  # a boolean mask as an index: its count sizes the result
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                   for i in indices or ())
+    return False
+
+
+@dataclass
+class Record:
+    """What a census counted: launching ops by (phase, part, op), bytes by (phase, part), and
+    every sync with where it happened."""
+
+    ops: collections.Counter = field(default_factory=collections.Counter)
+    bytes: collections.Counter = field(default_factory=collections.Counter)
+    syncs: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def launches(self, phase: str | None = None, part: str | None = None) -> int:
+        return sum(n for (ph, pa, _), n in self.ops.items()
+                   if phase in (None, ph) and part in (None, pa))
+
+    def by(self, index: int) -> collections.Counter:
+        out: collections.Counter = collections.Counter()
+        for key, n in self.ops.items():
+            out[key[index]] += n
+        return out
+
+    def moved(self) -> int:
+        return sum(self.bytes.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {"launches": self.launches(), "syncs": len(self.syncs),
+                "sync_ops": [f"{phase}/{part}: {op}" for phase, part, op in self.syncs],
+                "bytes": self.moved(), "by_phase": dict(self.by(0)), "by_part": dict(self.by(1)),
+                "top_ops": dict(self.by(2).most_common(12))}
+
+
+class Census(TorchDispatchMode):
+    """Counts launching ops, bytes and syncs, attributing each to the current phase and part
+    (`Parts`). Device provenance: tensors tagged with `tag` (parameters, the moved batch) and
+    everything computed from them."""
+
+    def __init__(self, parts: Parts) -> None:
+        super().__init__()
+        self.parts = parts
+        self.record = Record()
+        self.counting = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.counting:
+            return out
+        inputs = _tensors((args, kwargs))
+        device = any(_is_device(t) for t in inputs)
+        if device:
+            for t in _tensors(out):
+                tag(t)
+        name = _name(func)
+        phase, part = self.parts.where()
+        if device and _syncs(func, args, kwargs):
+            self.record.syncs.append((phase, part, name))
+        if name in NO_LAUNCH or func.is_view:
+            return out
+        self.record.ops[phase, part, name] += 1
+        self.record.bytes[phase, part] += sum(t.numel() * t.element_size()
+                                              for t in inputs + _tensors(out))
+        return out
+
+
+class Parts:
+    """Which phase and part of the step runs now.
+
+    * backward: while autograd's engine evaluates a node -- the part of the module whose
+      forward made that node (each module's post-hook claims the nodes its forward made);
+    * optimiser: between the optimiser's step hooks;
+    * forward: before the backward pass, the innermost module running (``part_of``: module
+      path -> part; None: its parent's), or "loss" outside every module;
+    * loop: after the backward pass began, outside the optimiser (the gradient norm, the
+      step's metrics, the guard).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 part_of: Callable[[str], str | None]) -> None:
+        self.names = {id(m): name for name, m in model.named_modules()}
+        self.part_of = part_of
+        self.stack: list[tuple[str, int]] = []
+        self.nodes: dict[int, str] = {}
+        self.backward_seen = False
+        self.stepping = False
+        self.optimizer = optimizer
+        self.census: Census | None = None
+
+    def where(self) -> tuple[str, str]:
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            self.backward_seen = True
+            seq = node._sequence_nr()
+            # a leaf's AccumulateGrad node (the largest numbers) adds into .grad
+            return "backward", "grad accumulation" if seq >= 2**62 else self.nodes.get(seq,
+                                                                                       "loss")
+        if self.stepping:
+            return "optimizer", "optimizer"
+        if not self.backward_seen:
+            return "forward", self.stack[-1][0] if self.stack else "loss"
+        return "loop", "loop"
+
+    def _watermark(self) -> int:
+        """The autograd sequence number the next node will get (a probe, not counted)."""
+        assert self.census is not None
+        counting, self.census.counting = self.census.counting, False
+        try:
+            with torch.enable_grad():
+                probe = torch.ones(1, requires_grad=True).mul(1)
+            return probe.grad_fn._sequence_nr()
+        finally:
+            self.census.counting = counting
+
+    def pre(self, module: nn.Module, args: Any) -> None:
+        name = self.names.get(id(module))
+        part = None if name is None else self.part_of(name)
+        if part is None:  # a module without a part of its own: its parent's
+            part = self.stack[-1][0] if self.stack else "loss"
+        self.stack.append((part, self._watermark()))
+
+    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+        part, start = self.stack.pop()
+        todo = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        seen: set[int] = set()
+        while todo:  # every node made since this forward began; inner modules' keep theirs
+            node = todo.pop()
+            if node is None:
+                continue
+            seq = node._sequence_nr()
+            if seq < start or seq in seen or seq >= 2**62:  # older, visited, a leaf
+                continue
+            seen.add(seq)
+            self.nodes.setdefault(seq, part)
+            todo.extend(nxt for nxt, _ in node.next_functions)
+
+    def _step_begins(self, *args: Any) -> None:
+        self.stepping = True
+
+    def _step_ends(self, *args: Any) -> None:
+        self.stepping = False
+
+    @contextlib.contextmanager
+    def hooked(self) -> Iterator[None]:
+        handles = [nn.modules.module.register_module_forward_pre_hook(self.pre),
+                   nn.modules.module.register_module_forward_hook(self.post),
+                   self.optimizer.register_step_pre_hook(self._step_begins),
+                   self.optimizer.register_step_post_hook(self._step_ends)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+@contextlib.contextmanager
+def _counted_reads(census: Census) -> Iterator[None]:
+    """``tolist``, ``numpy`` and ``item`` of a device tensor are syncs too (on a CPU tensor
+    ``tolist`` reads memory without dispatching, so the census would not see it)."""
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy", "item")}
+
+    def wrap(name, fn):
+        def read(self, *args, **kwargs):
+            if census.counting and _is_device(self):
+                census.record.syncs.append((*census.parts.where(), name))
+            return fn(self, *args, **kwargs)
+        return read
+
+    for name, fn in originals.items():
+        setattr(torch.Tensor, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+
+
+@dataclass
+class Step:
+    """One model's whole training step (``run``: forward, loss, backward, gradient norm,
+    optimiser step), the modules and optimiser it uses, and how its modules name parts."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    part_of: Callable[[str], str | None]
+    run: Callable[[], object]
+    path: str = "cpu"
+
+
+def census(step: Step, warmup: int = 1) -> Record:
+    """The record of one steady-state step (after ``warmup`` steps: lazy state made)."""
+    with emulate("cuda" if step.path == "cuda" else "cpu"):
+        for _ in range(warmup):
+            step.run()
+        for t in list(step.model.parameters()) + list(step.model.buffers()):
+            tag(t)
+        for state in step.optimizer.state.values():
+            for t in _tensors(state):
+                tag(t)
+        parts = Parts(step.model, step.optimizer, step.part_of)
+        mode = Census(parts)
+        parts.census = mode
+        with parts.hooked(), mode, _counted_reads(mode):
+            step.run()
+    return mode.record
+
+
+# -- the two models ------------------------------------------------------------------------------
+
+_FOLNET_PARTS = ((r"(^|\.)atoms($|\.)", "atoms"), (r"\.ffn_u($|\.)", "unary FFN"),
+                 (r"\.ffn_b($|\.)", "binary FFN"), (r"\.layers\.\d+$", "mixer"),
+                 (r"(^|\.)pooler$", "heads"), (r"(^|\.)(mlm|nsp)($|\.)", "heads"),
+                 (r"^$", "model"))
+_BERT_PARTS = ((r"\.embeddings($|\.)", "atoms"), (r"\.attention($|\.)", "mixer"),
+               (r"\.(intermediate|output)($|\.)", "unary FFN"), (r"\.pooler($|\.)", "heads"),
+               (r"^cls($|\.)", "heads"), (r"^$", "model"))
+
+
+def _parts(table) -> Callable[[str], str | None]:
+    compiled = [(re.compile(p), part) for p, part in table]
+
+    def part_of(name: str) -> str | None:
+        for pattern, part in compiled:
+            if pattern.search(name):
+                return part
+        return None
+    return part_of
+
+
+def _batch(vocab: int, batch: int, seq_len: int, predictions: int, seed: int = 0
+           ) -> dict[str, torch.Tensor]:
+    """A masked batch: random ids, two segments, ``predictions`` targets per row, NSP labels."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
+    types = torch.zeros_like(ids)
+    types[:, seq_len // 2:] = 1
+    labels = torch.full_like(ids, -100)
+    for row in range(batch):
+        at = torch.randperm(seq_len - 1, generator=g)[:predictions] + 1
+        labels[row, at] = ids[row, at]
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids),
+            "mlm_labels": labels, "nsp_labels": torch.randint(0, 2, (batch,), generator=g)}
+
+
+def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: int = 2,
+                seq_len: int = 32, optimizer: str = "adamw", dropout: float = 0.1) -> Step:
+    """folnet's own pretraining step (`folnet.train.pretrain.loop.train_step`): the module
+    DDP wraps, its loss, gradient norm, guard and optimiser, as ``folnet pretrain`` runs them
+    (the optimiser built on ``path``'s choices: on CUDA torch's fused AdamW)."""
+    from folnet.train.engine.distributed import DistContext
+    from folnet.train.engine.guard import StepGuard
+    from folnet.train.engine.optim import build_optimizer, build_scheduler
+    from folnet.train.pretrain.config import PretrainConfig
+    from folnet.train.pretrain.loop import train_step
+    from folnet.train.pretrain.setup_run import PretrainingForward
+
+    torch.manual_seed(0)
+    with emulate("cuda" if path == "cuda" else "cpu"):
+        model = folnet.build_model(ops, preset=preset, head="pretraining", dropout=dropout,
+                                   attention_dropout=dropout).train()
+        model.gather_mlm = True
+        opt = build_optimizer(model, optimizer, lr=1e-4)
+    config = PretrainConfig(batch_size=batch, seq_len=seq_len, optimizer=optimizer,
+                            trim_padding=False, steps=10**6)
+    run = _Run(config=config, ctx=DistContext(), model=model, engine=PretrainingForward(model),
+               optimizer=opt, scheduler=build_scheduler(opt, 10**6, warmup_ratio=0.0),
+               scaler=torch.amp.GradScaler("cpu", enabled=False))
+    guard = StepGuard(10**6, what="census", lr=1e-4)
+    micro = [_batch(model.cfg.vocab_size, batch, seq_len, config.max_predictions)]
+    counter = iter(range(1, 10**9))
+    return Step(model, opt, _parts(_FOLNET_PARTS),
+                lambda: train_step(run, micro, guard, next(counter), slice(None)), path)
+
+
+@dataclass
+class _Run:
+    """The parts of `folnet.train.pretrain.setup_run.Run` a step reads."""
+
+    config: Any
+    ctx: Any
+    model: nn.Module
+    engine: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+
+
+def bert_step(preset: str, *, path: str = "cpu", batch: int = 2, seq_len: int = 32,
+              dropout: float = 0.1) -> Step:
+    """transformers' BertForPreTraining of the preset's width, depth, heads and FFN width:
+    MLM + NSP loss, backward, the global gradient norm, AdamW (fused on CUDA, as folnet's)."""
+    from transformers import BertConfig, BertForPreTraining
+
+    from folnet.train.engine.guard import gradient_norm
+    from folnet.train.engine.optim import build_optimizer
+
+    cfg = folnet.build_model("j.a", preset=preset).cfg
+    torch.manual_seed(0)
+    bert = BertForPreTraining(BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.D1, num_hidden_layers=cfg.L,
+        num_attention_heads=cfg.H, intermediate_size=cfg.F1, hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout, attn_implementation="sdpa")).train()
+    with emulate("cuda" if path == "cuda" else "cpu"):
+        opt = build_optimizer(bert, "adamw", lr=1e-4)
+    b = _batch(cfg.vocab_size, batch, seq_len, 20)
+
+    def run() -> None:
+        out = bert(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
+                   attention_mask=b["attention_mask"], labels=b["mlm_labels"],
+                   next_sentence_label=b["nsp_labels"])
+        out.loss.backward()
+        gradient_norm(bert)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Step(bert, opt, _parts(_BERT_PARTS), run, path)
+
+
+def optimizer_census(preset: str, optimizer: str, *, path: str = "cpu",
+                     ops: str = "jmc.atp") -> Record:
+    """The launching ops of one optimiser step alone, on a folnet model's gradients."""
+    torch.manual_seed(0)
+    from folnet.train.engine.optim import build_optimizer
+    with emulate("cuda" if path == "cuda" else "cpu"):
+        model = folnet.build_model(ops, preset=preset, head="pretraining")
+        opt = build_optimizer(model, optimizer, lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+
+    def run() -> None:
+        opt.step()
+
+    return census(Step(model, opt, lambda name: None, run, path))
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", default="tiny,small,base")
+    parser.add_argument("--paths", default="cpu,cuda")
+    parser.add_argument("--ops", default="jmc.atp")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--optimizer", default="adamw",
+                        help="the folnet step's optimiser (lamb: folnet pretrain's default)")
+    parser.add_argument("--no-bert", action="store_true", help="folnet only")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows = []
+    for path in args.paths.split(","):
+        for preset in args.presets.split(","):
+            ours = census(folnet_step(preset, args.ops, path=path, batch=args.batch,
+                                      seq_len=args.seq_len, optimizer=args.optimizer))
+            row = {"preset": preset, "path": path, "ops": args.ops, "batch": args.batch,
+                   "seq_len": args.seq_len, "optimizer": args.optimizer,
+                   "folnet": ours.summary()}
+            if not args.no_bert:
+                row["bert"] = census(bert_step(preset, path=path, batch=args.batch,
+                                               seq_len=args.seq_len)).summary()
+            for name in ("lamb", "adamw"):
+                row[f"{name}_alone"] = optimizer_census(preset, name, path=path,
+                                                        ops=args.ops).launches()
+            rows.append(row)
+            _print(row)
+    if args.json is not None:
+        write_json(args.json, {"machine": machine(), "rows": rows})
+    return 0
+
+
+def _print(row: dict) -> None:
+    f, b = row["folnet"], row.get("bert")
+    ratio = f"{f['launches'] / b['launches']:.2f}x BERT" if b else ""
+    print(f"{row['preset']:>5} {row['path']:>4}: folnet {f['launches']:5d} launches, "
+          f"{f['syncs']} syncs, {f['bytes'] / 1e6:8.1f} MB"
+          + (f" | BERT {b['launches']:5d}, {b['syncs']} syncs, {b['bytes'] / 1e6:8.1f} MB "
+             f"| {ratio}" if b else "")
+          + f" | LAMB alone {row['lamb_alone']}, AdamW {row['adamw_alone']}")
+    print("       folnet by part:", dict(sorted(f["by_part"].items())))
+    if b:
+        print("       BERT by part:  ", dict(sorted(b["by_part"].items())))
+    if f["syncs"]:
+        print("       folnet syncs:", f["sync_ops"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
