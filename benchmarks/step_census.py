@@ -61,7 +61,8 @@ NO_LAUNCH = frozenset({
     "alias", "lift_fresh", "set_", "resize_", "_unsafe_view", "is_same_size", "record_stream",
     "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "_local_scalar_dense", "is_nonzero", "equal", "_assert_async",
-    "_assert_scalar", "_functional_assert_async",
+    "_assert_scalar", "_functional_assert_async", "_record_function_enter",
+    "_record_function_enter_new", "_record_function_exit",
 })
 #: Ops that read a tensor's values into the host (the device's queue drained first).
 SYNC_OPS = frozenset({

@@ -1,23 +1,15 @@
 """Optimisers and learning-rate schedules for pretraining (LAMB) and finetuning (AdamW).
 
-Why an in-house LAMB: `pytorch_optimizer.Lamb` (4.1) is not the published rule. It skips the
-bias correction of the second moment (and of the first unless asked), clamps the weight norm at
-10, adds eps to the update norm and applies weight decay decoupled from the trust ratio. The
-FOLNet recipe (paper Table 6) is LAMB as published by You et al. (ICLR 2020, Algorithm 2), so
-`Lamb` below implements exactly that, per parameter tensor:
-
-    m = b1 m + (1 - b1) g            v = b2 v + (1 - b2) g^2
-    r = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd w
-    w = w - lr * (||w|| / ||r||) * r            (ratio 1 when either norm is 0)
-
-NVIDIA Apex's `FusedLAMB` (same rule with ``use_nvlamb=True``) is used instead when
-`apex.optimizers` imports and the parameters live on CUDA; Apex is never installed for you.
+LAMB is folnet's own (`folnet.train.engine.lamb`: the published rule, in a few dozen launches
+per step). NVIDIA Apex's `FusedLAMB` (the same rule with ``use_nvlamb=True``) is used instead
+when `apex.optimizers` imports and the parameters live on CUDA; Apex is never installed for
+you.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from folnet.errors import FolnetError, choices
 from folnet.ops.kernels.device import kernel_device
+from folnet.train.engine.lamb import Lamb
 
 __all__ = [
     "OPTIMIZERS",
@@ -45,70 +38,6 @@ __all__ = [
 
 OPTIMIZERS = ("lamb", "adamw")
 SCHEDULES = ("linear", "polynomial", "constant")
-
-
-class Lamb(Optimizer):
-    """LAMB (You et al. 2020): Adam moments with bias correction and a per-tensor trust ratio.
-
-    ``weight_decay`` enters the update ``r`` (so it is scaled by the trust ratio, as in the
-    paper), not the gradient moments. Works on plain tensors and on FSDP's sharded DTensors
-    (norms of DTensors are global norms).
-    """
-
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0) -> None:
-        if not lr >= 0.0:
-            raise FolnetError(f"Lamb lr must be >= 0, got {lr!r}")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                raise FolnetError(f"Lamb betas[{i}] must lie in [0, 1), got {beta!r}")
-        if not eps >= 0.0:
-            raise FolnetError(f"Lamb eps must be >= 0, got {eps!r}")
-        if not weight_decay >= 0.0:
-            raise FolnetError(f"Lamb weight_decay must be >= 0, got {weight_decay!r}")
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise FolnetError("Lamb does not support sparse gradients")
-                # Half-precision parameters are updated in float32 (moments stay float32).
-                low = p.dtype in (torch.float16, torch.bfloat16)
-                grad = p.grad.float() if low else p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=grad.dtype)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=grad.dtype)
-                state["step"] += 1
-                t = state["step"]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-                m_hat = m / (1.0 - beta1**t)
-                v_hat = v / (1.0 - beta2**t)
-                weight = p.float() if low else p
-                update = m_hat / (v_hat.sqrt() + group["eps"])  # r, same shape as p
-                if group["weight_decay"] != 0.0:
-                    update.add_(weight, alpha=group["weight_decay"])
-                w_norm = torch.linalg.vector_norm(weight)  # () global norm, even when sharded
-                r_norm = torch.linalg.vector_norm(update)
-                usable = (w_norm > 0) & (r_norm > 0)
-                # No host sync: the branch of the rule is a select on device.
-                ratio = torch.where(usable, w_norm / torch.where(usable, r_norm, 1.0), 1.0)
-                p.add_((update * (-group["lr"] * ratio)).to(p.dtype))
-        return loss
 
 
 def apex_fused_lamb() -> type | None:
