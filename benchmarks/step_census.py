@@ -365,7 +365,7 @@ def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: 
     with emulate("cuda" if path == "cuda" else "cpu"):
         model = folnet.build_model(ops, preset=preset, head="pretraining", dropout=dropout,
                                    attention_dropout=dropout).train()
-        model.gather_mlm = True
+        model.gather_mlm = PretrainConfig().max_predictions  # as setup_run sets it
         opt = build_optimizer(model, optimizer, lr=1e-4)
     config = PretrainConfig(batch_size=batch, seq_len=seq_len, optimizer=optimizer,
                             trim_padding=False, steps=10**6)

@@ -79,14 +79,37 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return token_cross_entropy(logits.flatten(0, -2), labels.flatten())
 
 
-def gather_masked(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hidden states and labels of the predicted positions only: ``(N, D1)``, ``(N,)``.
+def gather_masked(hidden: torch.Tensor, labels: torch.Tensor, slots: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states and labels of the predicted positions only.
 
     The vocabulary projection is the largest matrix product of a small FOLNet; computing it for
-    the ~15% masked positions instead of every token saves most of it.
+    the ~15% masked positions instead of every token saves most of it. ``slots`` None: exactly
+    the predicted positions, ``(N, D1)`` and ``(N,)`` -- N is read on the host, a sync on an
+    accelerator and a graph break under torch.compile. ``slots`` P: P positions per sequence,
+    its predicted ones first (in order), then unpredicted ones whose label is -100, ``(B*P,
+    D1)`` and ``(B*P,)`` -- static shapes, no sync, and the same loss, since every loss here
+    ignores -100 (BERT's ``max_predictions_per_seq``). A row may not predict more than P
+    tokens: checked where input values are (`folnet.arch.inputs.values_checked`).
     """
-    where = labels != -100
-    return hidden[where], labels[where]
+    if slots is None:
+        where = labels != -100
+        return hidden[where], labels[where]
+    slots = min(slots, labels.shape[1])
+    # (B, P): a stable sort puts each row's predicted positions first, in order
+    order = (labels == -100).to(torch.int8).argsort(dim=1, stable=True)[:, :slots]
+    rows = hidden.gather(1, order.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (B, P, D1)
+    return rows.flatten(0, 1), labels.gather(1, order).flatten()
+
+
+def check_slots(labels: torch.Tensor, slots: int) -> None:
+    """Refuse labels (B, T) that predict more than ``slots`` tokens in a row: gathered into
+    ``slots`` positions, the rest would be dropped from the loss."""
+    most = int((labels != -100).sum(1).max()) if labels.numel() else 0
+    if most > slots:
+        raise FolnetError(f"mlm_labels: a row predicts {most} tokens, more than the model's "
+                          f"gather_mlm = {slots} predictions per sequence; raise gather_mlm "
+                          f"(or the masking's max_predictions) to at least {most}")
 
 
 @dataclass
@@ -98,7 +121,8 @@ class Targets:
     nsp_labels: torch.Tensor | None = None
     start_positions: torch.Tensor | None = None
     end_positions: torch.Tensor | None = None
-    gather_mlm: bool = False
+    gather_mlm: bool | int = False  # True: the predicted positions; P: P slots per row
+    values: bool = False  # the labels' values are checked (`folnet.arch.inputs`)
 
 
 class Head:
@@ -129,8 +153,12 @@ class _MaskedLM(Head):
             out.mlm_logits = model.mlm(seq)
             return []
         check_labels(labels, tuple(seq.shape[:2]), "mlm_labels")
-        if targets.gather_mlm:
-            seq, labels = gather_masked(seq, labels)
+        gather = targets.gather_mlm
+        if gather is not False:
+            slots = None if gather is True else gather
+            if slots is not None and targets.values:
+                check_slots(labels, slots)
+            seq, labels = gather_masked(seq, labels, slots)
             out.mlm_labels = labels
         out.mlm_logits = model.mlm(seq)
         return [mlm_loss(out.mlm_logits, labels)]

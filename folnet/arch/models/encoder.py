@@ -31,7 +31,10 @@ class FolnetModel(FolnetBase):
         super().__init__(cfg, head, num_labels, plan=plan)
         self.encoder = Stack(cfg, self.plan)
         self.add_head(self.encoder.atoms.embedding)
-        self.gather_mlm = False  # training sets it: logits only at predicted positions
+        # training sets it: MLM logits only at the predicted positions (True), or at P
+        # positions per sequence, the predicted ones first (an int: static shapes, no sync;
+        # `folnet.arch.heads.gather_masked`)
+        self.gather_mlm: bool | int = False
         # whether forward computes relation_output (the final binary stream) when the call
         # does not say (``output_relations``): no built-in head reads it, so by default the
         # last layer skips its binary-stream updates
@@ -93,7 +96,7 @@ class FolnetModel(FolnetBase):
             losses = self.head_spec.forward(self, out, Targets(
                 labels=labels, mlm_labels=mlm_labels, nsp_labels=nsp_labels,
                 start_positions=start_positions, end_positions=end_positions,
-                gather_mlm=self.gather_mlm))
+                gather_mlm=self.gather_mlm, values=values))
             if losses:
                 out.loss = torch.stack(losses).sum()
         return out

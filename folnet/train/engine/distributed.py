@@ -37,6 +37,7 @@ __all__ = [
     "resolve_device",
     "shard_slice",
     "shutdown",
+    "to_device",
     "wrap_model",
 ]
 
@@ -152,6 +153,16 @@ def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     if ctx.is_distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def to_device(tensors: dict[str, torch.Tensor], device: torch.device
+              ) -> dict[str, torch.Tensor]:
+    """Host tensors onto the training device without the host waiting: on an accelerator
+    through pinned memory with ``non_blocking`` (a copy from pageable memory first drains the
+    device's queue); on the CPU as they are."""
+    if device.type == "cpu":
+        return dict(tensors)
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in tensors.items()}
 
 
 def shard_slice(rows: int, ctx: DistContext) -> slice:

@@ -33,6 +33,7 @@ __all__ = [
     "parameter_groups",
     "reschedule",
     "schedule_rule",
+    "step_unless",
     "warmup_steps_for",
 ]
 
@@ -103,6 +104,27 @@ def build_optimizer(model: nn.Module, name: str = "lamb", *, lr: float = 1e-3,
         return apex_cls(groups, lr=lr, betas=betas, eps=eps, bias_correction=True,
                         max_grad_norm=float("inf"), use_nvlamb=True)
     return Lamb(groups, lr=lr, betas=betas, eps=eps)
+
+
+def step_unless(optimizer: Optimizer, bad: torch.Tensor) -> bool:
+    """Step ``optimizer`` unless ``bad`` (a () bool tensor on its parameters' device) --
+    judged on the device, so that the host need not wait for the step's loss -- and return
+    True; or return False, doing nothing, for an optimiser that cannot skip there (Apex's
+    FusedLAMB, torch's unfused AdamW): the caller then judges on the host. folnet's `Lamb`
+    skips by ``step(skip=)``; torch's fused AdamW by the ``found_inf`` it reads from the
+    optimiser (as `torch.amp.GradScaler` hands it over)."""
+    if isinstance(optimizer, Lamb):
+        optimizer.step(skip=bad)
+        return True
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and optimizer.defaults.get(
+            "fused"):
+        optimizer.found_inf = bad.to(torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+        return True
+    return False
 
 
 def warmup_steps_for(total_steps: int, warmup_ratio: float) -> int:

@@ -27,6 +27,7 @@ into one tensor for the all-reduce.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,12 @@ from folnet.train.engine.distributed import (
     init_distributed,
     shard_slice,
     shutdown,
+    to_device,
 )
 from folnet.train.engine.guard import StepGuard, advance_schedule, gradient_norm
 from folnet.train.engine.lock import RunLock
 from folnet.train.engine.memory import allocation_failure
+from folnet.train.engine.optim import step_unless
 from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.engine.state import publish_final, save_training_checkpoint, write_model_fn
 from folnet.train.pretrain.config import PretrainConfig
@@ -64,7 +67,7 @@ from folnet.train.pretrain.inputs import micro_batches
 from folnet.train.pretrain.metrics import LOG_FIELDS, StepMetrics, log_record
 from folnet.train.pretrain.setup_run import PretrainingForward, Run, set_up
 
-__all__ = ["LOG_FIELDS", "PretrainingForward", "pretrain", "train_step"]
+__all__ = ["LOG_FIELDS", "PretrainingForward", "Verdict", "pretrain", "train_step"]
 
 
 def pretrain(config: PretrainConfig) -> Path:
@@ -102,7 +105,8 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
                 ctx: DistContext, scaler: torch.amp.GradScaler, rows: slice,
                 sums: torch.Tensor) -> None:
     """Forward and backward over one step's micro-batches; add their `StepMetrics` to
-    ``sums`` (packed)."""
+    ``sums`` (packed). Nothing here reads the device: the target count, the padding and the
+    token count come from the host's own copy of the batch."""
     n_masked = max(1, sum(int((b["mlm_labels"] != -100).sum()) for b in micro))
     for i, batch in enumerate(micro):
         # this rank's rows: [b, T] inputs and labels, [b] nsp_labels; T cut to the last
@@ -110,15 +114,17 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
         here = {k: v[rows] for k, v in batch.items()}
         if config.trim_padding:
             here = trim_padding(here)
-        local = {k: v.to(ctx.device, non_blocking=True) for k, v in here.items()}
         # a batch without padding goes without a mask (the unmasked path measured ~3%
         # faster); decided on the CPU copy, where reading it costs no device sync
-        mask = None if bool(here["attention_mask"].all()) else local["attention_mask"]
+        unpadded = bool(here["attention_mask"].all())
+        local = to_device(here, ctx.device)
+        mask = None if unpadded else local["attention_mask"]
         with gradient_sync(engine, i == len(micro) - 1):
             with autocast(config.precision, ctx.device):
                 mlm_logits, mlm_labels, nsp_logits = engine(
                     local["input_ids"], local["token_type_ids"], mask, local["mlm_labels"])
             mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # (N, V), (b, 2)
+            # N = b x max_predictions slots, the unused ones labelled -100 (ignored here)
             mlm_sum = F.cross_entropy(mlm_logits, mlm_labels, reduction="sum")
             nsp_sum = F.cross_entropy(nsp_logits, local["nsp_labels"], reduction="sum")
             loss = (mlm_sum / n_masked + nsp_sum / config.batch_size) * ctx.world_size
@@ -128,50 +134,94 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
                 mlm_loss_sum=mlm_sum, nsp_loss_sum=nsp_sum,
                 mlm_correct=(mlm_logits.argmax(-1) == mlm_labels).sum(),
                 nsp_correct=(nsp_logits.argmax(-1) == local["nsp_labels"]).sum(),
-                mlm_targets=mlm_labels.numel(), sequences=nsp_logits.shape[0]).pack(sums.device)
+                mlm_targets=(mlm_labels != -100).sum(),
+                sequences=nsp_logits.shape[0]).pack(sums.device)
 
 
-def _optimizer_step(run: Run, guard: StepGuard, step: int, sums: torch.Tensor
-                    ) -> tuple[float, str | None]:
-    """Unscale, measure (and clip) the gradient norm, let `guard` judge the step by its global
-    loss (from this step's ``sums``) and the norm, then update or skip; the schedule advances
-    either way. Returns the norm and the guard's note of a skipped step (None: updated)."""
+@dataclass
+class Verdict:
+    """One optimiser step's outcome: its sums and gradient norm on the device, judged by the
+    host when it reads them (`_settle`) -- one step later, so that reading never waits for a
+    queue that holds only this step -- or already on the host (``note``, ``grad_norm``) by
+    an optimiser that cannot skip a step on the device."""
+
+    step: int
+    sums: torch.Tensor  # this rank's packed `StepMetrics` (added to the log window unless bad)
+    totals: torch.Tensor  # over all ranks: the loss the step is judged by
+    norm: torch.Tensor  # () the global gradient norm
+    bad: torch.Tensor  # () bool: the step was skipped on the device
+    scale: torch.Tensor | None  # () the fp16 loss scale it ran at
+    settled: bool = False
+    grad_norm: float | None = None
+    note: str | None = None
+
+
+def _optimizer_step(run: Run, guard: StepGuard, step: int, sums: torch.Tensor) -> Verdict:
+    """Unscale, measure (and clip) the gradient norm, judge the step by its global loss (from
+    this step's ``sums``) and the norm, then update or skip; the schedule advances either way.
+    The judgement is made on the device where the optimiser can skip there
+    (`folnet.train.engine.optim.step_unless`: no host sync), else on the host at once."""
     scaler = run.scaler
     scaler.unscale_(run.optimizer)  # a no-op without fp16 loss scaling
-    norm = gradient_norm(run.model, run.config.clip_norm)
+    norm = gradient_norm(run.model, run.config.clip_norm).detach()
     totals = all_reduce_sum(sums.clone(), run.ctx)  # this step's sums over all ranks
-    *values, grad_norm = torch.cat([totals, norm.detach().reshape(1).to(totals)]).tolist()
-    loss = StepMetrics.unpack(values).loss  # one transfer for the sums and the norm
-    note = guard.check(step, loss, grad_norm, scaler.get_scale() if scaler.is_enabled() else None)
-    if note is None:
-        scaler.step(run.optimizer)
+    loss = StepMetrics.loss_of(totals)  # () on the device
+    bad = ~(torch.isfinite(loss) & torch.isfinite(norm))
+    scale = scaler._scale.detach().clone() if scaler.is_enabled() else None
+    verdict = Verdict(step, sums, totals, norm, bad, scale)
+    if not step_unless(run.optimizer, bad):  # the host judges now: one read
+        _settle(run, guard, verdict)
+        if verdict.note is None:
+            scaler.step(run.optimizer)
     scaler.update()  # fp16: lowers the scale after an overflow that unscale_ found
-    advance_schedule(run.scheduler, updated=note is None)
+    advance_schedule(run.scheduler, updated=verdict.note is None)
     run.optimizer.zero_grad(set_to_none=True)
-    return grad_norm, note
+    return verdict
+
+
+def _settle(run: Run, guard: StepGuard, verdict: Verdict) -> None:
+    """Read a step's loss, norm (and fp16 scale) on the host -- one transfer -- and let the
+    guard judge it: a skipped step's note goes to the log; `NonFiniteError` after
+    ``--max-bad-steps`` in a row."""
+    if verdict.settled:
+        return
+    totals = verdict.totals
+    parts = [totals, verdict.norm.reshape(1).to(totals)]
+    if verdict.scale is not None:
+        parts.append(verdict.scale.reshape(1).to(totals))
+    values = torch.cat(parts).tolist()
+    n = len(totals)
+    scale = values[n + 1] if verdict.scale is not None else None
+    verdict.settled, verdict.grad_norm = True, values[n]
+    verdict.note = guard.check(verdict.step, StepMetrics.unpack(values[:n]).loss, values[n],
+                               scale)
+    if verdict.note is not None:
+        run.logger.message(verdict.note)
 
 
 def train_step(run: Run, micro: list[dict[str, torch.Tensor]], guard: StepGuard, step: int,
-               rows: slice) -> tuple[torch.Tensor, float, str | None]:
+               rows: slice) -> Verdict:
     """One optimiser step on the masked micro-batches ``micro`` (this rank's ``rows`` of
-    each): forward and backward over them, then the update the guard allows. Returns the
-    step's packed `StepMetrics`, its gradient norm and the guard's note of a skipped step."""
+    each): forward and backward over them, then the update the guard allows -- queued, not
+    waited for: the returned `Verdict` is read later (`_settle`)."""
     sums = StepMetrics.zeros(run.ctx.device)  # this step's
     _accumulate(run.engine, micro, run.config, run.ctx, run.scaler, rows, sums)
-    grad_norm, skipped = _optimizer_step(run, guard, step, sums)
-    return sums, grad_norm, skipped
+    return _optimizer_step(run, guard, step, sums)
 
 
 class _LogWindow:
-    """The updated steps since the last log record: their packed `StepMetrics`, the tokens
-    read and when the window opened."""
+    """The updated steps since the last log record: their packed `StepMetrics` (a skipped
+    step's masked out on the device), the tokens read and when the window opened."""
 
     def __init__(self, device: torch.device) -> None:
         self.sums = StepMetrics.zeros(device)
         self.tokens, self.start = 0, time.perf_counter()
 
-    def record(self, run: Run, *, step: int, lr: float, grad_norm: float, run_start: float
-               ) -> dict[str, Any]:
+    def add(self, verdict: Verdict) -> None:
+        self.sums += torch.where(verdict.bad, 0.0, verdict.sums)
+
+    def record(self, run: Run, *, step: int, lr: float, grad_norm: float | None,
+               run_start: float) -> dict[str, Any]:
         """The log record over all processes, then the window starts afresh."""
         now = time.perf_counter()
         totals = StepMetrics.unpack(all_reduce_sum(self.sums.clone(), run.ctx).tolist())
@@ -194,7 +244,12 @@ def _save(run: Run, step: int) -> None:
 
 def _run_steps(run: Run) -> None:
     """The optimiser steps from the run's step to ``--steps``, each logged every
-    ``--log-every`` and checkpointed every ``--save-every`` steps (and both at the last)."""
+    ``--log-every`` and checkpointed every ``--save-every`` steps (and both at the last).
+
+    No step waits for the device: each step's verdict is read (`_settle`) after the next
+    step's work is queued, and before every log record and checkpoint, so the counts a
+    checkpoint holds are its steps' own. A run stopped by the guard has queued one step more
+    than the one it names (skipped on the device if it was bad too)."""
     config, state = run.config, run.state
     batches = micro_batches(run.dataset, run.collator, config, (state["epoch"], state["block"]))
     rows = shard_slice(config.micro_batch, run.ctx)
@@ -202,32 +257,42 @@ def _run_steps(run: Run) -> None:
                       skipped=state["skipped"], in_a_row=state["bad_in_a_row"])
     window = _LogWindow(run.ctx.device)
     run_start = time.perf_counter() - state["elapsed"]
+    pending: Verdict | None = None  # the last step's, not read yet
+
+    def settle(verdict: Verdict | None) -> None:
+        if verdict is not None:
+            _settle(run, guard, verdict)
+            state.update(skipped=guard.skipped, bad_in_a_row=guard.in_a_row)
+
     while state["step"] < config.steps:
         micro = []  # mask every micro-batch first: the loss needs the step's target count
         for _ in range(config.grad_accum):
             epoch, block, batch = next(batches)
             micro.append(run.collator.apply_mask(batch))
         step, lr = state["step"] + 1, run.scheduler.get_last_lr()[0]
-        sums, grad_norm, skipped = train_step(run, micro, guard, step, rows)
+        verdict = train_step(run, micro, guard, step, rows)
+        settle(pending)  # the step before this one: done by now, or nearly
+        pending = verdict
+        window.add(verdict)
         if run.trim_above is not None and (resident_bytes() or 0) > run.trim_above:
             release_free_memory()
-        if skipped is None:
-            window.sums += sums
-        else:
-            run.logger.message(skipped)
         tokens = sum(int(b["attention_mask"].sum()) for b in micro)
         state.update(step=step, epoch=epoch, block=block + 1,
                      samples=state["samples"] + config.batch_size,
-                     tokens=state["tokens"] + tokens, skipped=guard.skipped,
-                     bad_in_a_row=guard.in_a_row)
+                     tokens=state["tokens"] + tokens)
         window.tokens += tokens
         run.logger.advance()
-        if step % config.log_every == 0 or step == config.steps:
-            run.logger.log(window.record(run, step=step, lr=lr, grad_norm=grad_norm,
+        logs = step % config.log_every == 0 or step == config.steps
+        saves = step % config.save_every == 0 or step == config.steps
+        if logs or saves:
+            settle(verdict)
+        if logs:
+            run.logger.log(window.record(run, step=step, lr=lr, grad_norm=verdict.grad_norm,
                                          run_start=run_start))
-        if step % config.save_every == 0 or step == config.steps:
+        if saves:
             state["elapsed"] = time.perf_counter() - run_start
             _save(run, step)
+    settle(pending)
 
 
 # -- the end ------------------------------------------------------------------------------------

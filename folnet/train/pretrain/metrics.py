@@ -41,9 +41,21 @@ class StepMetrics:
 
     def pack(self, device: torch.device) -> torch.Tensor:
         """The fields, in order, as one ``[len(fields)]`` float64 tensor on ``device`` (to add
-        to an accumulator, all-reduce, read back with `unpack`)."""
-        return torch.stack([torch.as_tensor(getattr(self, f.name), dtype=torch.float64,
-                                            device=device) for f in fields(self)])
+        to an accumulator, all-reduce, read back with `unpack`). A Python number is filled in
+        on the device, not copied there (a copy from pageable host memory waits for the
+        device's queue)."""
+        return torch.stack([value.to(torch.float64) if isinstance(value, torch.Tensor)
+                            else torch.full((), value, dtype=torch.float64, device=device)
+                            for value in (getattr(self, f.name) for f in fields(self))])
+
+    @staticmethod
+    def loss_of(packed: torch.Tensor) -> torch.Tensor:
+        """`loss` of a packed tensor, on its device: () float64."""
+        names = [f.name for f in fields(StepMetrics)]
+        at = {name: packed[names.index(name)] for name in
+              ("mlm_loss_sum", "mlm_targets", "nsp_loss_sum", "sequences")}
+        return (at["mlm_loss_sum"] / at["mlm_targets"].clamp_min(1.0)
+                + at["nsp_loss_sum"] / at["sequences"].clamp_min(1.0))
 
     @classmethod
     def unpack(cls, values: Sequence[float]) -> StepMetrics:

@@ -47,7 +47,8 @@ __all__ = ["PretrainingForward", "Run", "set_up"]
 
 class PretrainingForward(nn.Module):
     """``(mlm_logits (N, V), mlm_labels (N,), nsp_logits (B, 2))`` of a FolnetModel whose
-    ``gather_mlm`` is on; N is the number of masked positions in the batch.
+    ``gather_mlm`` is on; N is B x its slots per sequence (`folnet.arch.heads.gather_masked`:
+    the unused slots labelled -100).
 
     This is the module DDP/FSDP wrap, and it returns only the tensors the loss reads. Why:
     FOLNet's last layer writes a final binary stream that no pretraining head reads, so the
@@ -145,7 +146,9 @@ def _model(config: PretrainConfig, start: RunStart, vocab_size: int
     run's trainer state (None for a new run)."""
     model = build_model(config.ops, preset=config.preset, head="pretraining",
                         vocab_size=vocab_size, **config.model_overrides)
-    model.gather_mlm = True  # MLM logits only at the predicted positions
+    # MLM logits only at the predicted positions: max_predictions slots per sequence (the
+    # masking predicts no more), static shapes that no step has to read back
+    model.gather_mlm = config.max_predictions
     model.relations = False  # the losses never read the final binary stream
     model.set_activation_checkpointing(config.activation_checkpointing)
     set_memory(model, config.memory_mode)
