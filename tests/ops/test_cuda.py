@@ -36,6 +36,8 @@ from tolerances import (
 import folnet
 from folnet.ops.backends import BACKENDS, PRIORITY, Call
 from folnet.ops.compiler import compile_operator
+from folnet.ops.kernels.device import emulate
+from folnet.ops.kernels.dropout import portable_masks
 
 sys.path.insert(0, str(BENCHMARKS))
 from bf16_curve import compare, curve
@@ -58,12 +60,16 @@ OP_BOUND = {torch.float32: 1e-5, torch.bfloat16: 5e-2}
 
 
 @pytest.fixture
-def device() -> str:
+def device():
+    """"cuda"; or, rehearsing, "cpu" with every kernel choice a CUDA device makes
+    (`folnet.ops.kernels.device.emulate`), so the rehearsal runs the GPU's code path."""
     if torch.cuda.is_available():
-        return "cuda"
-    if os.environ.get(REHEARSAL) == "1":
-        return "cpu"
-    pytest.skip(f"needs a CUDA device ({REHEARSAL}=1 runs these tests on the CPU)")
+        yield "cuda"
+    elif os.environ.get(REHEARSAL) == "1":
+        with emulate("cuda"):
+            yield "cpu"
+    else:
+        pytest.skip(f"needs a CUDA device ({REHEARSAL}=1 runs these tests on the CPU)")
 
 
 def _operator_cases():
@@ -150,14 +156,11 @@ def test_auto_takes_the_device_priority_list(device):
     layer = model.encoder.layers[0]
     call = layer.ops[0].call(torch.zeros(1, device=device), padded=False, requires_grad=True)
     chosen = {op.spec.symbol: op.select(call).name for op in layer.ops}
-    if device == "cuda":  # the attention kernels where they fit, einsum for the rest
-        attention = "xformers" if chosen["j"] == "xformers" else "sdpa"
-        assert attention in PRIORITY["cuda"]
-        want = {"j": attention, "m": attention, "c": attention, "t": attention,
-                "a": "einsum", "p": "einsum"}
-    else:  # the CPU list leads with the fused contraction, which takes a bidirectional square
-        want = dict.fromkeys("jmcatp", "fused")
-    assert chosen == want
+    # CUDA's list (rehearsed on the CPU too): xformers where it fits and is installed, einsum
+    # for the rest -- never SDPA's unfused math path
+    first = "xformers" if chosen["j"] == "xformers" else "einsum"
+    want = {"j": first, "m": first, "c": first, "t": first, "a": "einsum", "p": "einsum"}
+    assert chosen == want and "sdpa" not in chosen.values()
 
 
 def _model(kind: str, ops: str, device: str | None = None, seed: int = 0, **kw):
@@ -236,17 +239,19 @@ def _loss_and_grads(model, batch, bf16: bool = False):
 def test_blocked_rows_equal_the_whole_square(device, kind, dropout, bf16):
     """As tests/arch/test_blocked_models.py: the blocked path recomputes each block in the
     backward under the RNG and autocast state of its forward; with residual and FFN dropout
-    (one seed) both modes must draw the same masks."""
+    (one seed) both modes must draw the same masks -- the keep masks on every device
+    (`portable_masks`: on CUDA the whole square otherwise takes torch's own dropout)."""
     head = "pretraining" if kind == "encoder" else None
     model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, head=head, vocab_size=60,
                                dropout=dropout, attention_dropout=0.0).to(device).train()
     batch = _blocked_batch(kind, device)
-    folnet.set_memory(model, "full")
-    loss_full, grads_full = _loss_and_grads(model, batch, bf16)
-    if bf16:  # what bf16 itself moves each result: the whole square in float32
-        loss_ref, grads_ref = _loss_and_grads(model, batch)
-    folnet.set_memory(model, "blocked", block_rows=3)
-    loss_blocked, grads_blocked = _loss_and_grads(model, batch, bf16)
+    with portable_masks():
+        folnet.set_memory(model, "full")
+        loss_full, grads_full = _loss_and_grads(model, batch, bf16)
+        if bf16:  # what bf16 itself moves each result: the whole square in float32
+            loss_ref, grads_ref = _loss_and_grads(model, batch)
+        folnet.set_memory(model, "blocked", block_rows=3)
+        loss_blocked, grads_blocked = _loss_and_grads(model, batch, bf16)
     assert grads_full.keys() == grads_blocked.keys() and len(grads_full) > 10
     what = f"{kind} dropout {dropout} {'bf16' if bf16 else 'fp32'}"
     if bf16:  # each block rounds its own intermediates: bounded per tensor by bf16's own

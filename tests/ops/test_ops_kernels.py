@@ -227,7 +227,7 @@ def test_auto_priority_is_one_table_and_explain_names_the_fused_path():
     layer's operator (compiled with the model's dims) says how it wants its operands."""
     from folnet.ops.backends import PRIORITY
 
-    assert PRIORITY["cpu"][0] == "fused" and PRIORITY["cuda"] == ("xformers", "sdpa", "einsum")
+    assert PRIORITY["cpu"][0] == "fused" and PRIORITY["cuda"] == ("xformers", "einsum", "sdpa")
     dims = {"D1": 64, "D2": 16, "H": 4, "S": 16, "F1": 128, "F2": 32}
     p = compile_operator("p", dims=dims)
     k, v = inputs(folnet.get_operator("p"), dtype=torch.float32)

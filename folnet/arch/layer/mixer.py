@@ -35,7 +35,7 @@ from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.libc import release_free_memory
 from folnet.ops import Operand
 from folnet.ops.kernels import dropout_add, keep_mask
-from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale
+from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale, native
 from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
 
 __all__ = ["LayerCall", "Residual", "mix"]
@@ -59,8 +59,8 @@ class Residual:
         piece by piece (`RowMask`: the same bits), so that they can draw their rows again."""
         if not wanted or p == 0.0:
             return cls(None)
-        if spans is None:
-            return cls(keep_mask(like.shape, p, like.device), p)
+        if spans is None:  # torch's own dropout on CUDA: drawn as the update is added
+            return cls(None if native(like.device) else keep_mask(like.shape, p, like.device), p)
         mask, rows = RowMask.draw(like.shape, p, like.device, spans)
         return cls(mask, p, rows)
 
@@ -77,7 +77,7 @@ class Residual:
         """``residual + dropout(update)``; ``applied``: the update was dropped out inside."""
         if applied:  # a fresh tensor the blocks wrote: added into in place
             return add_update(residual, update)
-        return dropout_add(residual, update, self.p, self.mask is not None, self.mask)
+        return dropout_add(residual, update, self.p, self.p > 0.0, self.mask)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from folnet.arch.plan import LayerPlan
 from folnet.errors import FolnetError
 from folnet.ops.sizes import channel_sizes, evaluate
 from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
+from folnet.tracing import traced
 
 STREAMS = ("U", "B")
 
@@ -162,17 +163,28 @@ class FusedProjection(_QuantizationGuard, nn.Linear):
         return self.full()
 
     def full(self) -> torch.Tensor | None:
-        """The bias over every output channel (zeros where a segment has none), or None."""
+        """The bias over every output channel (zeros where a segment has none), or None: one
+        concatenation of the biased segments' pieces (one split, whose backward is one
+        concatenation too) and views of a zero vector made once per device and dtype --
+        rebuilt from fresh zeros and slices every step, it cost 7 launches a layer."""
         if self.bias is None or all(biased for _, biased in self.runs):
             return self.bias
-        parts, at = [], 0
-        for width, biased in self.runs:
-            if biased:
-                parts.append(self.bias[at : at + width])
-                at += width
-            else:
-                parts.append(self.bias.new_zeros(width))
-        return torch.cat(parts)
+        pieces = iter(torch.split(self.bias, [w for w, biased in self.runs if biased]))
+        zeros = self._zeros(self.bias)
+        return torch.cat([next(pieces) if biased else zeros[:width]
+                          for width, biased in self.runs])
+
+    def _zeros(self, like: torch.Tensor) -> torch.Tensor:
+        """(max width,) zeros on ``like``'s device and dtype, kept (not while torch.compile
+        traces: a tensor kept then would be a fake one)."""
+        width = max(w for w, biased in self.runs if not biased)
+        if traced():
+            return like.new_zeros(width)
+        key = (like.device, like.dtype)
+        cache = self.__dict__.setdefault("_zero_cache", {})
+        if key not in cache:
+            cache[key] = torch.zeros(width, device=like.device, dtype=like.dtype)
+        return cache[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_quantization()

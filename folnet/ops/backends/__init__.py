@@ -19,14 +19,16 @@ BACKENDS: dict[str, Backend] = {
 }
 
 #: The order ``backend="auto"`` tries per device type; the first that supports a call runs it
-#: (einsum supports every call). On CUDA the attention kernels come first for the operators
-#: they fit, then einsum, as the layers ran there before the fused path became a backend (it
-#: has not been measured on a GPU: name it, e.g. backend="xformers,sdpa,fused", to try it).
+#: (einsum supports every call). On CUDA xformers first for the operators it fits, then
+#: einsum: SDPA takes its math path there (its fused kernels refuse the operators' permuted
+#: bias, docs/gpu/), which adds a product of zero queries and keys to einsum's softmax and
+#: product -- 76 of a tiny step's launches. The fused path has not been measured on a GPU:
+#: name it, e.g. backend="xformers,fused", to try it.
 #: On CPU the fused contraction first: benchmarks/ops.py measured SDPA's math path (taken
 #: whenever the bias needs a gradient) slower than einsum for j and t, and a jmc.atp training
 #: step with SDPA for j, m, c, t took 2.05 s against the fused path's 1.40 s.
 PRIORITY: dict[str, tuple[str, ...]] = {
-    "cuda": ("xformers", "sdpa", "einsum"),
+    "cuda": ("xformers", "einsum", "sdpa"),
     "cpu": ("fused", "einsum", "sdpa"),
 }
 DEFAULT_PRIORITY = ("fused", "einsum")

@@ -1,4 +1,5 @@
-"""Dropout for the binary stream's hot path: a cheaper keep mask on the CPU.
+"""Dropout for the binary stream's hot path: a cheaper keep mask on the CPU, torch's own
+kernel on CUDA.
 
 ``F.dropout`` draws one float per element through ``bernoulli_``; on a 2-core CPU that is ~50x
 the cost of an add, and the binary stream (B x T x T x D2) gets dropout twice per layer. Here the
@@ -9,6 +10,15 @@ cover it. Every device draws this way: the row-blocked path draws its masks with
 (one per block, then handed in), so the whole square must draw the same masks for the memory
 mode never to change the function computed -- on CUDA it once used ``F.dropout`` and did not.
 
+On CUDA (`folnet.ops.kernels.device.kernel_device`) `dropout` and `dropout_add` call torch's
+fused dropout instead (``native_dropout``, what ``F.dropout`` runs on CUDA, called by name so
+that an emulated CUDA step on a CPU counts the same: one kernel forward, one backward, where
+the keep mask took seven launches): there the row blocks, when forced, draw their own masks,
+so blocks and the whole square drop elements alike in distribution, not bit for bit;
+`portable_masks`
+makes every device draw the keep masks (the tests that compare the two memory modes under
+dropout on a GPU). While torch.compile traces, the same: inductor draws it in its kernels.
+
 Under torch.func.vmap a mask drawn this way is one for the whole batch: torch's
 ``randomness="same"``, which is therefore the one mode allowed there (the others are refused,
 naming what to do); the autograd Functions below compose with torch.func's transforms.
@@ -16,7 +26,8 @@ naming what to do); the autograd Functions below compose with torch.func's trans
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -29,9 +40,30 @@ from folnet.ops.kernels.rng import replay, rng_state
 from folnet.tracing import traced
 
 _LANES = 4  # 15-bit lanes per 64-bit random word
+_portable = False  # `portable_masks`
 _LEVELS = 1 << 15
 #: Random words drawn at a time for a large mask on the CPU (2 MiB of int64).
 _CHUNK_WORDS = 1 << 18
+
+
+def native(device) -> bool:
+    """Whether dropout on ``device`` is torch's fused kernel rather than a `keep_mask`: on
+    CUDA, and while torch.compile traces; never under a torch.func transform (its vmap
+    randomness rule is the keep mask's) nor inside `portable_masks`."""
+    if transformed() or _portable:
+        return False
+    return traced() or kernel_device(device) != "cpu"
+
+
+@contextmanager
+def portable_masks() -> Iterator[None]:
+    """Every device draws `keep_mask` masks inside the block (see the module's docstring)."""
+    global _portable
+    before, _portable = _portable, True
+    try:
+        yield
+    finally:
+        _portable = before
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device) -> torch.Tensor:
@@ -227,6 +259,8 @@ def dropout(x: torch.Tensor, p: float, training: bool, *, redraw: bool = False
     same bits and leave the generator in the same state."""
     if not training or p == 0.0:
         return x
+    if native(x.device):
+        return torch.native_dropout(x, p, True)[0]
     if redraw and not transformed() and not traced():
         return _RedrawnScale.apply(x, rng_state(x.device), p)
     return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
@@ -238,6 +272,8 @@ def dropout_add(residual: torch.Tensor, x: torch.Tensor, p: float, training: boo
     drawn earlier, on any device) replaces the draw."""
     if not training or p == 0.0:
         return residual + x
+    if mask is None and native(x.device):
+        return residual + torch.native_dropout(x, p, True)[0]
     if mask is None:
         mask = keep_mask(torch.broadcast_shapes(residual.shape, x.shape), p, x.device)
     return _DropoutAdd.apply(residual, x, mask, 1.0 / (1.0 - p))
