@@ -350,7 +350,8 @@ def _batch(vocab: int, batch: int, seq_len: int, predictions: int, seed: int = 0
 
 
 def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: int = 2,
-                seq_len: int = 32, optimizer: str = "adamw", dropout: float = 0.1) -> Step:
+                seq_len: int = 32, optimizer: str = "adamw", dropout: float = 0.1,
+                backend: str = "auto") -> Step:
     """folnet's own pretraining step (`folnet.train.pretrain.loop.train_step`): the module
     DDP wraps, its loss, gradient norm, guard and optimiser, as ``folnet pretrain`` runs them
     (the optimiser built on ``path``'s choices: on CUDA torch's fused AdamW)."""
@@ -364,7 +365,7 @@ def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: 
     torch.manual_seed(0)
     with emulate("cuda" if path == "cuda" else "cpu"):
         model = folnet.build_model(ops, preset=preset, head="pretraining", dropout=dropout,
-                                   attention_dropout=dropout).train()
+                                   attention_dropout=dropout, backend=backend).train()
         model.gather_mlm = PretrainConfig().max_predictions  # as setup_run sets it
         opt = build_optimizer(model, optimizer, lr=1e-4)
     config = PretrainConfig(batch_size=batch, seq_len=seq_len, optimizer=optimizer,

@@ -89,3 +89,17 @@ def test_ape_and_rpe_builds_with_both_tables():
     assert sum(p.numel() for p in model.parameters()) == 109_567_728 + 130 * 12
     atoms = model.encoder.atoms
     assert atoms.absolute.weight.shape == (512, 768) and atoms.relative.weight.shape == (130, 12)
+
+
+def test_relative_ids_from_the_kept_squares_are_the_computed_ones():
+    """Without padding a step's relative ids come from two squares made once per length (one
+    comparison of the segments, one select); they equal the ids computed from positions."""
+    from folnet.arch.layer.atoms import relative_position_ids
+
+    g = torch.Generator().manual_seed(0)
+    for T, delta in ((1, 4), (7, 3), (19, 8)):
+        types = torch.randint(0, 2, (3, T), generator=g)
+        kept = relative_position_ids(types, delta)
+        computed = relative_position_ids(types, delta, torch.arange(T)[None])
+        assert torch.equal(kept, computed) and kept.shape == (3, T, T)
+        assert torch.equal(relative_position_ids(types, delta), kept)  # from the cache

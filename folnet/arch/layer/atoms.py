@@ -14,6 +14,7 @@ from torch import nn
 
 from folnet.arch.config import ModelConfig
 from folnet.ops.kernels import dropout, layer_norm
+from folnet.tracing import traced
 
 
 def token_positions(pad: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
@@ -34,19 +35,50 @@ def relative_position_ids(token_type_ids: torch.Tensor, delta: int,
     Same segment, t, tau > 0: ``min(tau - t, delta - 1)`` when tau >= t, else
     ``2 delta - min(t - tau, delta - 1)``; different segments: ``delta``; t = 0 < tau:
     ``2 delta``; tau = 0 < t: ``2 delta + 1``; (0, 0): 0. Ids lie in ``[0, 2 delta + 1]``.
-    ``positions`` ((B|1, T), default 0..T-1) are the t and tau of each column.
+    ``positions`` ((B|1, T)) are the t and tau of each column; None: 0..T-1, whose two id
+    squares -- within a segment, across segments -- are made once per length and device
+    (`_squares`), so a step's ids are one comparison of the segments and one select.
     """
     T = token_type_ids.shape[1]
-    pos = (torch.arange(T, device=token_type_ids.device)[None] if positions is None
-           else positions)  # (B|1, T)
+    if positions is None and not traced():
+        within, across = _squares(T, delta, token_type_ids.device)
+    else:
+        pos = (torch.arange(T, device=token_type_ids.device)[None] if positions is None
+               else positions)  # (B|1, T)
+        within, across = _id_squares(pos, delta)
+    same = token_type_ids[:, :, None] == token_type_ids[:, None, :]  # (B, T, T)
+    return torch.where(same, within, across)  # (B, T, T)
+
+
+def _id_squares(pos: torch.Tensor, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids of every pair of positions ``pos`` (B|1, T) when both tokens are of one segment,
+    and when they are not: (B|1, T, T) each. Pairs with a first token (position 0) take their
+    own ids in both."""
     diff = pos[:, None, :] - pos[:, :, None]  # (B|1, T, T) tau - t
     clip = diff.abs().clamp(max=delta - 1)
     ids = torch.where(diff >= 0, clip, 2 * delta - clip)
     first = pos == 0  # (B|1, T): pairs with the first token take their own ids, any segment
     row, col = first[:, :, None], first[:, None, :]
-    ids = torch.where(row, torch.where(col, 0, 2 * delta), torch.where(col, 2 * delta + 1, ids))
-    same = token_type_ids[:, :, None] == token_type_ids[:, None, :]  # (B, T, T)
-    return torch.where(same | row | col, ids, delta)  # (B, T, T)
+    within = torch.where(row, torch.where(col, 0, 2 * delta),
+                         torch.where(col, 2 * delta + 1, ids))
+    return within, torch.where(row | col, within, delta)
+
+
+#: (T, delta, device) -> the two id squares of positions 0..T-1: a handful of lengths per run.
+_SQUARES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_SQUARES_KEPT = 16
+
+
+def _squares(T: int, delta: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (T, delta, device)
+    squares = _SQUARES.get(key)
+    if squares is None:
+        if len(_SQUARES) >= _SQUARES_KEPT:
+            _SQUARES.pop(next(iter(_SQUARES)))
+        with torch.no_grad():
+            squares = _id_squares(torch.arange(T, device=device)[None], delta)
+        _SQUARES[key] = squares
+    return squares
 
 
 class Atoms(nn.Module):

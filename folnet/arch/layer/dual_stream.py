@@ -58,6 +58,7 @@ from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import layer_norm, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
 from folnet.ops.kernels.device import kernel_device
+from folnet.tracing import traced
 
 
 def _apply(fused: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -83,6 +84,10 @@ class DualStreamLayer(nn.Module):
                                  if s.spec.typing.output == stream) for stream in STREAMS}
         self.out_u = FusedOutput(widths["U"], cfg.D1, outputs["U"]) if plan.unary else None
         self.out_b = FusedOutput(widths["B"], cfg.D2, outputs["B"]) if plan.binary else None
+        # which streams' outputs carry constant scales (a and p: S^-1/2), applied per channel
+        # through the output projection (`updates`), not per element of their outputs
+        self.out_scaled = {stream: any(s.out_scale != 1.0 for s in self.slots
+                                       if s.spec.typing.output == stream) for stream in STREAMS}
         self.ffn_u = UnaryFFN(cfg.D1, cfg.F1)
         self.ffn_b = BinaryFFN(cfg.D2, cfg.F2)
         self.memory_mode, self.block_rows = "auto", None  # `folnet.arch.layer.memory.set_memory`
@@ -354,9 +359,7 @@ class DualStreamLayer(nn.Module):
             out = rearrange(out, f"batch {' '.join(spec.output)} -> batch "
                             f"{' '.join(spec.tokens('output'))} "
                             f"({' '.join(spec.channels('output'))})")  # (B, Q[, n], width)
-            if slot.out_scale != 1.0:
-                out = out * slot.out_scale
-            outs[spec.typing.output].append(out)
+            outs[spec.typing.output].append(out)  # its out_scale: in `updates`' weights
         return outs
 
     def updates(self, outs: dict[str, list[torch.Tensor]], domain: Domain
@@ -364,11 +367,30 @@ class DualStreamLayer(nn.Module):
         """The unary outputs concatenated (B, Q, M1) and the binary stream's update through its
         fused output projection (B, Q, n, D2), each None when no operator writes there."""
         mixed_u = torch.cat(outs["U"], -1) if outs["U"] else None
+        if mixed_u is not None and self.out_scaled["U"]:  # (B, Q, M1): a small stream
+            mixed_u = mixed_u * self.output_scales("U", mixed_u)
         if not outs["B"]:
             return mixed_u, None
         cat = torch.cat(outs["B"], -1)  # (B, Q, n, M2)
+        weight, bias = adapters.weight(self.out_b), adapters.bias(self.out_b)
+        if self.out_scaled["B"]:  # (D2, M2): a scale per column, not per pair of the square
+            weight = weight * self.output_scales("B", weight)
         # the CPU fast product (`folnet.ops.kernels.linear`) on the bidirectional square;
         # causal layers keep the plain product their checkpoints' outputs were made with
         # (the two round differently: ~1e-7 relative)
-        return mixed_u, (linear(cat, adapters.weight(self.out_b), adapters.bias(self.out_b))
-                         if domain.visible is None else _apply(self.out_b, cat))
+        return mixed_u, (linear(cat, weight, bias) if domain.visible is None
+                         else F.linear(cat, weight, bias))
+
+    def output_scales(self, stream: str, like: torch.Tensor) -> torch.Tensor:
+        """(M,) each operator output channel's constant scale (`OperatorSlot.out_scale`), in
+        ``stream``'s concatenated outputs, on ``like``'s device and dtype: kept once made (not
+        while torch.compile traces)."""
+        scales = [s.out_scale for s in self.slots if s.spec.typing.output == stream
+                  for _ in range(s.out_width)]
+        if traced():
+            return torch.tensor(scales, dtype=like.dtype, device=like.device)
+        key = (stream, like.device, like.dtype)
+        cache = self.__dict__.setdefault("_scale_cache", {})
+        if key not in cache:
+            cache[key] = torch.tensor(scales, dtype=like.dtype, device=like.device)
+        return cache[key]

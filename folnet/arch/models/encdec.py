@@ -68,7 +68,7 @@ class FolnetEncoderDecoder(TextModel):
         N = input_ids.shape[1]
         types = torch.zeros_like(input_ids)
         positions = token_positions(pad, N, input_ids.device)
-        rel = (relative_position_ids(types, self.cfg.delta, positions)
+        rel = (relative_position_ids(types, self.cfg.delta, None if pad is None else positions)
                if self.cfg.relative_ids else None)  # (B, N, N)
         u1, u2 = run_stack(self.encoder_atoms, self.encoder_layers, input_ids, types,
                            Domain(n=N, pad=pad), positions, rel,

@@ -77,7 +77,7 @@ class FolnetModel(FolnetBase):
         pad = check_mask(attention_mask, ids, values=values)
         T = ids.shape[1]
         positions = token_positions(pad, T, ids.device)  # (B|1, T)
-        rel = (relative_position_ids(types, self.cfg.delta, positions)
+        rel = (relative_position_ids(types, self.cfg.delta, None if pad is None else positions)
                if self.cfg.relative_ids else None)  # (B, T, T)
         domain = Domain(n=T, pad=pad, rel_ids=rel if self.cfg.position == "rpe*" else None)
         relations = self.relations if output_relations is None else bool(output_relations)
