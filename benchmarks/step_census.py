@@ -351,7 +351,8 @@ def _batch(vocab: int, batch: int, seq_len: int, predictions: int, seed: int = 0
 
 def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: int = 2,
                 seq_len: int = 32, optimizer: str = "adamw", dropout: float = 0.1,
-                backend: str = "auto") -> Step:
+                backend: str = "auto", compile_mode: str | None = None,
+                compile_backend: str = "inductor") -> Step:
     """folnet's own pretraining step (`folnet.train.pretrain.loop.train_step`): the module
     DDP wraps, its loss, gradient norm, guard and optimiser, as ``folnet pretrain`` runs them
     (the optimiser built on ``path``'s choices: on CUDA torch's fused AdamW)."""
@@ -369,8 +370,11 @@ def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: 
         model.gather_mlm = PretrainConfig().max_predictions  # as setup_run sets it
         opt = build_optimizer(model, optimizer, lr=1e-4)
     config = PretrainConfig(batch_size=batch, seq_len=seq_len, optimizer=optimizer,
-                            trim_padding=False, steps=10**6)
-    run = _Run(config=config, ctx=DistContext(), model=model, engine=PretrainingForward(model),
+                            trim_padding=False, steps=10**6, compile=compile_mode is not None)
+    engine = PretrainingForward(model)
+    if compile_mode is not None:  # as `folnet pretrain --compile` does (`compile_module`)
+        engine.compile(fullgraph=True, mode=compile_mode, backend=compile_backend)
+    run = _Run(config=config, ctx=DistContext(), model=model, engine=engine,
                optimizer=opt, scheduler=build_scheduler(opt, 10**6, warmup_ratio=0.0),
                scaler=torch.amp.GradScaler("cpu", enabled=False))
     guard = StepGuard(10**6, what="census", lr=1e-4)

@@ -32,6 +32,7 @@ from folnet.ops.backends.base import activated_kernel
 from folnet.ops.kernels.device import kernel_device
 from folnet.ops.registry import get_operator
 from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
+from folnet.tracing import traced
 
 BACKEND_NAMES = ("auto", *BACKENDS)
 
@@ -96,7 +97,9 @@ class CompiledOperator:
 
     def select(self, call: Call) -> Backend:
         """The backend that runs ``call`` (raises if a forced backend cannot)."""
-        return _select(self.spec, self.backend, call, kernel_device(call.device))
+        # (while tracing, the function itself: torch.compile would skip the cache and warn)
+        select = _select.__wrapped__ if traced() else _select
+        return select(self.spec, self.backend, call, kernel_device(call.device))
 
     def route(self, call: Call) -> Route:
         """The backend that runs ``call`` and the layouts it wants (`Route`)."""

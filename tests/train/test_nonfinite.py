@@ -99,15 +99,15 @@ def test_pretrain_fp16_overflow_stops_instead_of_saving_untrained_weights(tmp_pa
 
 def nan_once(bad: int):
     """A replacement of ``PretrainingForward.forward`` whose call number ``bad`` (1-based)
-    returns NaN MLM logits; 0 never does."""
+    returns a NaN MLM loss (its gradients NaN too); 0 never does."""
     original, calls = ORIGINAL_FORWARD, [0]
 
     def forward(module, *args, **kwargs):
         calls[0] += 1
-        mlm_logits, mlm_labels, nsp_logits = original(module, *args, **kwargs)
+        mlm_sum, *rest = original(module, *args, **kwargs)
         if calls[0] == bad:
-            mlm_logits = mlm_logits * float("nan")
-        return mlm_logits, mlm_labels, nsp_logits
+            mlm_sum = mlm_sum * float("nan")
+        return (mlm_sum, *rest)
 
     return forward
 

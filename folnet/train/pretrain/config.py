@@ -42,7 +42,8 @@ __all__ = ["MODEL_KEYS", "RESUME_FREE", "RESUME_RESCHEDULED", "PretrainConfig",
 # vocab_size, which always comes from the tokenizer.
 MODEL_KEYS = tuple(k for k in OVERRIDES if k != "vocab_size")
 # Options that may differ between a run and its resumption (they do not change the result).
-RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "deterministic",
+RESUME_FREE = frozenset({"cache_dir", "activation_checkpointing", "compile", "compile_mode",
+                         "deterministic",
                          "device", "log_every", "save_every", "keep_last", "out", "resume",
                          "num_workers", "fsdp", "tensorboard", "progress", "max_bad_steps",
                          "memory_budget", "memory_mode"})
@@ -148,7 +149,11 @@ class PretrainConfig(Options):
     trim_padding: bool = option(True, "cut each batch after its last column with a real token "
                                 "(the binary stream costs T^2): the same result up to rounding "
                                 "at dropout 0, other dropout draws otherwise")
-    compile: bool = option(False, "torch.compile the encoder (slower than eager on CPU)")
+    compile: bool = option(False, "torch.compile the step's forward, losses and metrics as one "
+                           "graph (padding then not trimmed; slower than eager on CPU)")
+    compile_mode: str = option("default", "torch.compile mode: default, reduce-overhead (CUDA "
+                               "graphs: the step replayed from one capture; CUDA only) or "
+                               "max-autotune")
     seed: int = _data_option("seed", "seed of data order, masks, dropout and initialisation")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")

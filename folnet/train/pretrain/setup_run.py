@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -30,6 +31,7 @@ from folnet.train.data.masking import PretrainingCollator
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.amp import check_precision, make_grad_scaler
+from folnet.train.engine.compiled import check_compile_mode, compile_module
 from folnet.train.engine.distributed import DistContext, wrap_model
 from folnet.train.engine.lock import RunLock
 from folnet.train.engine.memory import Fit
@@ -46,15 +48,18 @@ __all__ = ["PretrainingForward", "Run", "set_up"]
 
 
 class PretrainingForward(nn.Module):
-    """``(mlm_logits (N, V), mlm_labels (N,), nsp_logits (B, 2))`` of a FolnetModel whose
-    ``gather_mlm`` is on; N is B x its slots per sequence (`folnet.arch.heads.gather_masked`:
-    the unused slots labelled -100).
+    """One micro-batch's pretraining sums, ``(mlm_sum, nsp_sum, mlm_correct, nsp_correct,
+    mlm_targets)`` (0-dim tensors), from a FolnetModel whose ``gather_mlm`` is a slot count:
+    the cross-entropy summed over the MLM targets and over the sequences' NSP/SOP labels, the
+    targets predicted right, and the targets counted. The loop normalises them by the step's
+    global counts (`folnet.train.pretrain.loop`).
 
-    This is the module DDP/FSDP wrap, and it returns only the tensors the loss reads. Why:
-    FOLNet's last layer writes a final binary stream that no pretraining head reads, so the
-    parameters of its binary-output operators get no gradient. DDP's unused-parameter search
-    walks back from the forward's outputs; were the relation output among them, those
-    parameters would look used and DDP would wait for their gradients forever.
+    This is the module DDP/FSDP wrap and ``--compile`` compiles: the model's forward, its
+    losses and its metrics, one graph of static shapes. Why a module of its own: FOLNet's
+    last layer writes a final binary stream that no pretraining head reads, so the parameters
+    of its binary-output operators get no gradient. DDP's unused-parameter search walks back
+    from the forward's outputs; were the relation output among them, those parameters would
+    look used and DDP would wait for their gradients forever.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -62,10 +67,19 @@ class PretrainingForward(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor,
+                nsp_labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(input_ids, token_type_ids, attention_mask, mlm_labels=mlm_labels)
-        return out.mlm_logits, out.mlm_labels, out.nsp_logits
+        # (N, V) logits at the gathered slots (unused ones labelled -100), (B, 2)
+        mlm_logits, labels = out.mlm_logits.float(), out.mlm_labels
+        nsp_logits = out.nsp_logits.float()
+        mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
+        nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
+        with torch.no_grad():
+            mlm_correct = (mlm_logits.argmax(-1) == labels).sum()
+            nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).sum()
+            targets = (labels != -100).sum()
+        return mlm_sum, nsp_sum, mlm_correct, nsp_correct, targets
 
 
 @dataclass
@@ -100,6 +114,8 @@ def _claim(config: PretrainConfig, ctx: DistContext, lock: RunLock
     """Check the options against the machine and OUT, plan the start (resume, init-from), then
     claim OUT (the lock) and record the options; seeds the global generators."""
     check_precision(config.precision, ctx.device)
+    if config.compile:
+        check_compile_mode(config.compile_mode, ctx.device)
     deterministic_algorithms(config.deterministic)
     out = Path(config.out)
     if config.micro_batch % ctx.world_size:
@@ -172,8 +188,13 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
     config, tokenizer, dataset, collator, fit = _data(config, start, ctx)
     model, state, trainer = _model(config, start, tokenizer.vocab_size)
     model.to(ctx.device).train()
-    engine = wrap_model(PretrainingForward(model), ctx, fsdp=config.fsdp,
-                        units=model.encoder.layers)
+    forward = PretrainingForward(model)
+    if config.compile:
+        # The whole forward, losses and metrics: one graph (input values are not checked
+        # while tracing, the MLM gather has static shapes), compiled in place before the
+        # data-parallel wrapping, so every state-dict key stays as it is.
+        compile_module(forward, config.compile_mode, ctx.device)
+    engine = wrap_model(forward, ctx, fsdp=config.fsdp, units=model.encoder.layers)
     optimizer = build_optimizer(model, config.optimizer, lr=config.lr,
                                 weight_decay=config.weight_decay,
                                 betas=(config.beta1, config.beta2), eps=config.eps)
@@ -187,10 +208,6 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
                                scaler=scaler, collator=collator, ctx=ctx, fsdp=config.fsdp)
         if start.reschedule:  # a new --steps: the restored rule was the old total's
             reschedule(scheduler, schedule_rule(config.steps, **rule))
-    if config.compile:
-        # The encoder only: the model's input checks read values on the host (graph breaks),
-        # and compiling in place keeps every state-dict key and the DDP/FSDP wrapping as is.
-        model.encoder.compile()
     logger = _open_log(config, ctx, start, fit, state["step"])
     return Run(config=config, ctx=ctx, out=Path(config.out), tokenizer=tokenizer,
                 dataset=dataset, collator=collator, fit=fit, model=model, engine=engine,
@@ -212,6 +229,6 @@ def _open_log(config: PretrainConfig, ctx: DistContext, start: RunStart, fit: Fi
     if start.resume is None and fit.message is not None:
         logger.message(fit.message)
     if config.compile and ctx.device.type == "cpu":
-        logger.message("note: on CPU the compiled encoder measured ~20% slower than the eager "
-                       "fast path (README, Training)")
+        logger.message("note: on CPU the compiled step measured slower than the eager fast "
+                       "path (README, Training); padding is not trimmed while compiled")
     return logger
