@@ -3,6 +3,7 @@
     python benchmarks/generate.py                    # tiny and small, 64/256/512 new tokens
     python benchmarks/generate.py --presets tiny --lengths 64 --threads 1
     python benchmarks/generate.py --hf --lengths 256 # native generate against transformers'
+    python benchmarks/generate.py --static           # + the static cache, eager and compiled
 
 Decoder-only FOLNet (``--ops``, default jmc.atp), float32, batch 1, a random prompt of 16
 tokens, greedy decoding, eval mode. *Cached*: one ``generate(use_cache=True)`` run (best of
@@ -80,7 +81,7 @@ def simpson_mean(values: list[float]) -> float:
 
 
 def case(model, prompt: torch.Tensor, new: int, *, budget: float, samples: int,
-         repeats: int) -> dict:
+         repeats: int, static: bool = False) -> dict:
     vocab = model.cfg.vocab_size
     model.generate(prompt, 4)  # warm-up
     cached = seconds(lambda: model.generate(prompt, new, use_cache=True), repeats) / new
@@ -94,8 +95,23 @@ def case(model, prompt: torch.Tensor, new: int, *, budget: float, samples: int,
         steps = [last if n == T0 + new - 1 else one_step(model, n, vocab) for n in lengths]
         full = simpson_mean(steps)
         method = f"sampled ({samples} lengths)"
-    return {"cached_ms": 1e3 * cached, "recomputed_ms": 1e3 * full, "speedup": full / cached,
-            "method": method}
+    row = {"cached_ms": 1e3 * cached, "recomputed_ms": 1e3 * full, "speedup": full / cached,
+           "method": method}
+    if static:  # the static cache, eager and its step compiled (CUDA graphs on CUDA)
+        want = model.generate(prompt, new)
+        if not torch.equal(model.generate(prompt, new, cache="static"), want):
+            raise RuntimeError("the static cache's tokens differ from the dynamic cache's")
+        row["static_ms"] = 1e3 * seconds(lambda: model.generate(prompt, new, cache="static"),
+                                         repeats) / new
+        begin = time.perf_counter()
+        got = model.generate(prompt, new, cache="static", compile=True)
+        row["compile_s"] = time.perf_counter() - begin
+        if not torch.equal(got, want):
+            raise RuntimeError("the compiled static step's tokens differ from the cache's")
+        row["static_compiled_ms"] = 1e3 * seconds(
+            lambda: model.generate(prompt, new, cache="static", compile=True), repeats) / new
+        row["compiled_speedup"] = full / (row["static_compiled_ms"] / 1e3)
+    return row
 
 
 def compare_hf(model, prompt: torch.Tensor, new: int, repeats: int) -> dict:
@@ -334,11 +350,15 @@ def run_cached(args) -> list:
                 continue
             row = {"preset": preset, "ops": args.ops, "new_tokens": new, "prompt": args.prompt,
                    **case(model, prompt, new, budget=args.budget, samples=args.samples,
-                          repeats=args.repeats)}
+                          repeats=args.repeats, static=args.static)}
             rows.append(row)
             print(f"{preset:6s} {new:4d} tokens: cached {row['cached_ms']:8.2f} ms/token, "
                   f"recomputed {row['recomputed_ms']:9.2f} ms/token ({row['method']}), "
-                  f"x{row['speedup']:.1f}", flush=True)
+                  f"x{row['speedup']:.1f}" + ("" if not args.static else
+                                               f"; static {row['static_ms']:.2f}, compiled "
+                                               f"{row['static_compiled_ms']:.2f} ms/token "
+                                               f"(compile {row['compile_s']:.0f} s), "
+                                               f"x{row['compiled_speedup']:.1f}"), flush=True)
     return rows
 
 
@@ -364,6 +384,10 @@ COLUMNS = {
                ("recomputed_ms", "recomputed ms/token", ".1f"), ("speedup", "speedup", ".1f"),
                ("method", "recomputed timing", "")],
 }
+STATIC = [("static_ms", "static cache ms/token", ".2f"),
+          ("static_compiled_ms", "static, compiled ms/token", ".2f"),
+          ("compiled_speedup", "compiled over recomputed", ".1f"),
+          ("compile_s", "compile s", ".0f")]
 
 
 def main(argv=None) -> int:
@@ -385,6 +409,9 @@ def main(argv=None) -> int:
                        help="native generate against transformers' (see the docstring)")
     modes.add_argument("--assisted", action="store_true",
                        help="assisted decoding and prompt lookup against greedy")
+    ap.add_argument("--static", action="store_true",
+                    help="also the static cache (cache='static'), eager and its step compiled "
+                         "(compile=True: CUDA graphs on CUDA)")
     modes.add_argument("--compiled", action="store_true",
                        help="torch.compile'd decoding steps against eager, beside GPT-2")
     ap.add_argument("--assistant", default="tiny", help="--assisted: the assistant's preset")
@@ -408,7 +435,8 @@ def main(argv=None) -> int:
     write_json(args.json, {"machine": machine(), "dtype": "float32", "batch": 1,
                            "threads": torch.get_num_threads(), "rows": rows})
     print()
-    print(table(rows, COLUMNS["hf" if mode == "hf" else mode]))
+    columns = COLUMNS["hf" if mode == "hf" else mode]
+    print(table(rows, columns + (STATIC if mode == "cached" and args.static else [])))
     return 0
 
 

@@ -59,6 +59,28 @@ def check_generation_args(*, max_new_tokens: object, used: int, limit: int, what
                               f"got {value!r}")
 
 
+#: What ``generate(cache=...)`` takes: a cache that grows as needed, or one sized for the
+#: whole generation whose step has fixed shapes (`folnet.arch.models.text.TextModel
+#: .step_static`: compiled and captured once with ``compile``).
+CACHES = ("dynamic", "static")
+#: torch.compile modes ``generate(compile=...)`` takes besides True and False.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def check_cache_args(*, cache: object, compile: object, use_cache: object) -> None:
+    """Validate ``generate``'s cache choice and compile request."""
+    if cache not in CACHES:
+        raise FolnetError(f"cache must be one of {CACHES}, got {cache!r}")
+    if not isinstance(compile, bool) and compile not in COMPILE_MODES:
+        raise FolnetError(f"compile must be True, False or a torch.compile mode "
+                          f"{COMPILE_MODES}, got {compile!r}")
+    if compile is not False and cache != "static":
+        raise FolnetError(f"compile={compile!r} compiles the static cache's decoding step, "
+                          f"whose shapes never change; pass cache='static' too")
+    if cache == "static" and use_cache is False:
+        raise FolnetError("cache='static' is a generation cache: it needs use_cache=True")
+
+
 def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float,
                 top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
     """(B, V) logits -> (B,) ids: argmax, or a sample from softmax(logits / temperature)
@@ -91,7 +113,8 @@ def decode(first: torch.Tensor, step: Step, max_new_tokens: int, *, do_sample: b
             new = torch.where(done, torch.full_like(new, fill), new)
             done = done | (new == eos_token_id)
         tokens.append(new)
-        if i + 1 == max_new_tokens or bool(done.all()):
+        # (the early stop reads a value on the host: only when there is an eos to stop at)
+        if i + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
             break
         logits = step(new)
     return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)

@@ -28,6 +28,7 @@ import torch
 
 from folnet.arch.layer import DualStreamLayer
 from folnet.arch.layer.domain import ContextHook, Domain
+from folnet.errors import FolnetError
 from folnet.tracing import traced
 
 
@@ -45,18 +46,33 @@ class GenerationCache:
 
     def __init__(self, layers: Sequence[DualStreamLayer], *, batch: int, capacity: int,
                  visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
-                 rel_ids: torch.Tensor | None, dtype: torch.dtype, device: torch.device):
+                 rel_ids: torch.Tensor | None, dtype: torch.dtype, device: torch.device,
+                 static: bool = False):
         self.batch = batch
         self.length = 0  # positions whose context channels are stored
+        # static: the capacity is final and a step reads all of it (`step_static`); its
+        # buffers keep their addresses (CUDA graphs replay in-place writes into them)
+        self.static = static
         self.facts(visible, pad, positions, rel_ids)
         self.ctx_u: list[torch.Tensor | None] = []
         self.ctx_b: list[torch.Tensor | None] = []
         for layer in layers:
-            self.ctx_u.append(_sized(torch.zeros(batch, capacity, layer.width_u, dtype=dtype,
-                                                 device=device), 1) if layer.width_u else None)
-            self.ctx_b.append(_sized(torch.zeros(batch, layer.width_b, capacity, capacity,
-                                                 dtype=dtype, device=device), 2, 3)
+            self.ctx_u.append(self._kept(torch.zeros(batch, capacity, layer.width_u,
+                                                     dtype=dtype, device=device), 1)
+                              if layer.width_u else None)
+            self.ctx_b.append(self._kept(torch.zeros(batch, layer.width_b, capacity, capacity,
+                                                     dtype=dtype, device=device), 2, 3)
                               if layer.width_b else None)
+
+    def _kept(self, t: torch.Tensor, *dims: int) -> torch.Tensor:
+        """A buffer: its capacity dimensions marked dynamic (`_sized`), or, in a static
+        cache, its address marked static for torch.compile (a CUDA graph then writes into the
+        buffer itself rather than a copy of it)."""
+        if not self.static:
+            return _sized(t, *dims)
+        if not traced():
+            torch._dynamo.mark_static_address(t)
+        return t
 
     @property
     def capacity(self) -> int:
@@ -67,16 +83,21 @@ class GenerationCache:
     def facts(self, visible: torch.Tensor, pad: torch.Tensor | None, positions: torch.Tensor,
               rel_ids: torch.Tensor | None) -> None:
         """Set the domain's static facts, sized for the capacity."""
-        self.visible = _sized(visible, 1, 2)  # (B|1, capacity, capacity) bool
-        self.pad = _sized(pad, 1)  # (B, capacity) bool, or None
-        self.positions = _sized(positions, 1)  # (B|1, capacity) the atoms' position of each row
-        self.rel_ids = _sized(rel_ids, 1, 2)  # (B|1, capacity, capacity) long, or None (no RPE)
+        mark = (lambda t, *dims: t) if self.static else _sized
+        self.visible = mark(visible, 1, 2)  # (B|1, capacity, capacity) bool
+        self.pad = mark(pad, 1)  # (B, capacity) bool, or None
+        self.positions = mark(positions, 1)  # (B|1, capacity) the atoms' position of each row
+        self.rel_ids = mark(rel_ids, 1, 2)  # (B|1, capacity, capacity) long, or None (no RPE)
 
     def grow(self, capacity: int, visible: torch.Tensor, pad: torch.Tensor | None,
              positions: torch.Tensor, rel_ids: torch.Tensor | None) -> None:
         """Make room for ``capacity`` positions (a generation whose length is not known up
         front, as transformers' generate runs it): new buffers holding the old ones, and the
-        domain facts for the new capacity."""
+        domain facts for the new capacity. A static cache does not grow."""
+        if self.static:
+            raise FolnetError(f"a static generation cache holds {self.capacity} positions and "
+                              f"cannot grow to {capacity}: size it for the whole generation "
+                              f"(prompt + max_new_tokens)")
         old = self.capacity
         for i, t in enumerate(self.ctx_u):
             if t is not None:  # (B, cap, Wu)
@@ -101,10 +122,18 @@ class GenerationCache:
         self.ctx_b = [pick(t) for t in self.ctx_b]
         self.facts(pick(self.visible), pick(self.pad), pick(self.positions), pick(self.rel_ids))
 
-    def write(self, layer: int, start: int, ctx_u: torch.Tensor | None,
+    def write(self, layer: int, start: int | torch.Tensor, ctx_u: torch.Tensor | None,
               ctx_b: torch.Tensor | None) -> None:
         """Store the context channels of rows ``start:start + Q`` (their binary columns
-        ``:start + Q``, already masked): ctx_u (B, Q, Wu), ctx_b (B, Q, start + Q, Wb)."""
+        ``:start + Q``, already masked): ctx_u (B, Q, Wu), ctx_b (B, Q, start + Q, Wb). A
+        static step's ``start`` is the rows' positions (Q,) as a tensor, and its binary rows
+        span every column (B, Q, capacity, Wb): written by index, in place."""
+        if isinstance(start, torch.Tensor):
+            if ctx_u is not None:
+                self.ctx_u[layer].index_copy_(1, start, ctx_u)
+            if ctx_b is not None:
+                self.ctx_b[layer].index_copy_(2, start, ctx_b.permute(0, 3, 1, 2))
+            return
         if ctx_u is not None:
             self.ctx_u[layer][:, start : start + ctx_u.shape[1]] = ctx_u
         if ctx_b is not None:
@@ -118,7 +147,7 @@ class GenerationCache:
         return ((None if cu is None else cu[:, :n]),
                 (None if cb is None else cb[:, :, :n, :n].permute(0, 2, 3, 1)))
 
-    def hook(self, layer: int, start: int, *, read: bool) -> ContextHook:
+    def hook(self, layer: int, start: int | torch.Tensor, *, read: bool) -> ContextHook:
         """For the layer's context channels of rows ``start:start + Q``: store them; with
         ``read``, return the buffers of every position up to and including them (query rows
         read the past from the cache), else None (a full square reads its own)."""
@@ -127,6 +156,8 @@ class GenerationCache:
             self.write(layer, start, own_u, own_b)
             if not read:
                 return None
+            if isinstance(start, torch.Tensor):  # a static step reads every position
+                return self.view(layer, self.capacity)
             own = own_u if own_u is not None else own_b
             return self.view(layer, start + (0 if own is None else own.shape[1]))
 
@@ -142,3 +173,13 @@ class GenerationCache:
         """Positions (B|1, Q) and relative ids (B|1, Q, n) of the rows ``start:n``."""
         rel = None if self.rel_ids is None else self.rel_ids[:, start:n, :n]
         return self.positions[:, start:n], rel
+
+    def static_step(self, rows: torch.Tensor
+                    ) -> tuple[Domain, torch.Tensor, torch.Tensor | None]:
+        """A static step's domain -- every position of the capacity, query ``rows`` (Q,) --
+        and the rows' positions (B|1, Q) and relative ids (B|1, Q, capacity): every shape is
+        the capacity's, whatever the rows (one graph, one CUDA graph for the whole
+        generation). Columns not yet written hold zeros and are not visible to the rows."""
+        domain = Domain(n=self.capacity, pad=self.pad, visible=self.visible, rows=rows)
+        rel = None if self.rel_ids is None else self.rel_ids.index_select(1, rows)
+        return domain, self.positions.index_select(1, rows), rel

@@ -94,23 +94,29 @@ class FolnetDecoderLM(TextModel):
                  prefix_lengths: torch.Tensor | int | None = None,
                  attention_mask: torch.Tensor | None = None, use_cache: bool = True,
                  eos_token_id: int | None = None, pad_token_id: int | None = None,
-                 return_logits: bool = False):
+                 return_logits: bool = False, cache: str = "dynamic",
+                 compile: bool | str = False):
         """Continue every prompt row by ``max_new_tokens`` tokens: (B, T0 + new) ids, or a
         `GenerationOutput` with the logits when ``return_logits``. Call ``model.eval()`` first.
 
         Prompts share one length T0; pad shorter ones on the left and mark them in
         ``attention_mask``: each row then gets the tokens it would get alone.
         ``prefix_lengths`` makes (part of) the prompt a PrefixLM prefix. ``use_cache=False``
-        recomputes the whole sequence at each step (the reference)."""
+        recomputes the whole sequence at each step (the reference). ``cache="static"`` sizes
+        the cache for the whole generation and steps over all of it: fixed shapes, which
+        ``compile`` (True or a torch.compile mode) compiles once -- on CUDA into a CUDA graph
+        replayed each token (`TextModel.static_step_fn`)."""
         ids = check_ids(self.cfg, input_ids)
         B, T0 = ids.shape
         self.check_generation(T0, "prompt tokens", max_new_tokens=max_new_tokens,
                               do_sample=do_sample, temperature=temperature, top_k=top_k,
-                              eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+                              eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                              cache=cache, compile=compile, use_cache=use_cache)
         pad = check_mask(attention_mask, ids)
         prefix = check_prefix(prefix_lengths, B, T0, ids.device)
         if use_cache:
-            first, session = self.begin(ids, pad, prefix, capacity=T0 + max_new_tokens)
+            first, session = self.begin(ids, pad, prefix, capacity=T0 + max_new_tokens,
+                                        static=cache == "static", compile=compile)
             first = first[:, -1]
 
             def step(tokens):
@@ -132,21 +138,25 @@ class FolnetDecoderLM(TextModel):
 
     def begin(self, ids: torch.Tensor, pad: torch.Tensor | None = None,
               prefix: torch.Tensor | None = None, *, capacity: int | None = None,
-              record: Record | None = None) -> tuple[torch.Tensor, Session]:
+              record: Record | None = None, static: bool = False,
+              compile: bool | str = False) -> tuple[torch.Tensor, Session]:
         """Start a cached generation from prompts ``ids`` (B, T0) (checked inputs: ``pad``
         (B, T0) bool, ``prefix`` (B,)): the prompt's next-token logits (B, T0, V) and the
         `Session` that continues it. ``capacity`` sizes the cache (default: twice the
-        prompt; it grows when full); ``record`` collects the prompt's per-layer states."""
+        prompt; it grows when full, but for a ``static`` one, whose steps take
+        `static_step_fn` (``compile``)); ``record`` collects the prompt's per-layer states."""
         B, T0 = ids.shape
         rows = {"pad": pad, "prefix": prefix}
         facts = functools.partial(self._facts, device=ids.device)
         capacity = capacity or 2 * T0
         cache = GenerationCache(self.layers, batch=B, capacity=capacity,
                                 **dict(zip(FACTS, facts(capacity, rows), strict=True)),
-                                dtype=self.lm.bias.dtype, device=ids.device)
+                                dtype=self.lm.bias.dtype, device=ids.device, static=static)
         u1 = self._prefix_run(ids, cache, store=True, record=record)
         cache.length = T0
-        return self.lm(u1), Session(self, cache, facts, rows, floor=self._prefix_end)
+        return self.lm(u1), Session(self, cache, facts, rows, floor=self._prefix_end,
+                                    static_step=self.static_step_fn(compile) if static
+                                    else None)
 
     @staticmethod
     def _prefix_end(rows: dict[str, torch.Tensor | None]) -> int:

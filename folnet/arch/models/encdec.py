@@ -198,17 +198,20 @@ class FolnetEncoderDecoder(TextModel):
                  attention_mask: torch.Tensor | None = None,
                  decoder_start_token_id: int | None = None, use_cache: bool = True,
                  eos_token_id: int | None = None, pad_token_id: int | None = None,
-                 return_logits: bool = False):
+                 return_logits: bool = False, cache: str = "dynamic",
+                 compile: bool | str = False):
         """Decode ``max_new_tokens`` tokens for every input row: (B, 1 + new) ids starting with
         the decoder start token, or a `GenerationOutput` when ``return_logits``. The encoder
-        runs once; ``use_cache=False`` recomputes encoder and decoder at each step."""
+        runs once; ``use_cache=False`` recomputes encoder and decoder at each step;
+        ``cache`` and ``compile``: as the decoder's (`FolnetDecoderLM.generate`)."""
         ids = check_ids(self.cfg, input_ids)
         B = ids.shape[0]
         start_id = (self.decoder_start_token_id if decoder_start_token_id is None
                     else decoder_start_token_id)
         self.check_generation(1, "decoder start token", max_new_tokens=max_new_tokens,
                               do_sample=do_sample, temperature=temperature, top_k=top_k,
-                              eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+                              eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                              cache=cache, compile=compile, use_cache=use_cache)
         if not isinstance(start_id, int) or not 0 <= start_id < self.cfg.vocab_size:
             raise FolnetError(f"decoder_start_token_id must be an id in [0, vocab_size = "
                               f"{self.cfg.vocab_size}), got {start_id!r}")
@@ -216,7 +219,8 @@ class FolnetEncoderDecoder(TextModel):
         start = torch.full((B, 1), start_id, dtype=ids.dtype, device=ids.device)
         if use_cache:
             first, session = self.begin(ids, enc_pad, start,
-                                        capacity=ids.shape[1] + 1 + max_new_tokens)
+                                        capacity=ids.shape[1] + 1 + max_new_tokens,
+                                        static=cache == "static", compile=compile)
             first = first[:, -1]
 
             def step(tokens):
@@ -253,7 +257,8 @@ class FolnetEncoderDecoder(TextModel):
     def begin(self, ids: torch.Tensor | None, enc_pad: torch.Tensor | None,
               start: torch.Tensor, *, capacity: int | None = None,
               encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-              record: Record | None = None) -> tuple[torch.Tensor, Session]:
+              record: Record | None = None, static: bool = False,
+              compile: bool | str = False) -> tuple[torch.Tensor, Session]:
         """Start a cached generation: encode ``ids`` (B, N) (checked inputs; or take the
         ``encoded`` atoms and positions of `encode`), store every decoder layer's cross context
         for the N input positions, run the decoder rows ``start`` (B, M0) (the decoder start
@@ -265,8 +270,9 @@ class FolnetEncoderDecoder(TextModel):
         capacity = max(capacity or 0, N + start.shape[1])
         cache = GenerationCache(self.decoder_layers, batch=B, capacity=capacity,
                                 **dict(zip(FACTS, self._facts(capacity, rows), strict=True)),
-                                dtype=e1.dtype, device=e1.device)
+                                dtype=e1.dtype, device=e1.device, static=static)
         for i, layer in enumerate(self.decoder_layers):
             cache.write(i, 0, *layer.cross_context(e1, e2))
         first = self.lm(self.step_rows(cache, start, N, record))
-        return first, Session(self, cache, self._facts, rows, floor=N)
+        return first, Session(self, cache, self._facts, rows, floor=N,
+                              static_step=self.static_step_fn(compile) if static else None)

@@ -42,9 +42,14 @@ class Session:
 
     def __init__(self, model: TextModel, cache: GenerationCache, facts: Facts,
                  rows: dict[str, torch.Tensor | None], *,
-                 floor: int | Callable[[dict[str, torch.Tensor | None]], int] = 0):
+                 floor: int | Callable[[dict[str, torch.Tensor | None]], int] = 0,
+                 static_step: Callable | None = None):
         self.model, self.cache, self.facts, self.rows = model, cache, facts, rows
         self._floor_of, self._floor = floor, None
+        # a static cache's step (`TextModel.step_static`, maybe compiled) and the positions
+        # of the one row it takes, a buffer filled in place (a CUDA graph reads its address)
+        self._static_step = static_step or model.step_static
+        self._at = torch.zeros(1, dtype=torch.long, device=cache.visible.device)
 
     @property
     def floor(self) -> int:
@@ -66,6 +71,16 @@ class Session:
         keeps a free position after the last one: a view of every buffer row would have other
         strides than the views before it, and torch.compile would compile the step again."""
         n = self.cache.length + tokens.shape[1]
+        if self.cache.static and record is None:
+            if n > self.cache.capacity:
+                self.cache.grow(n, *self.facts(n, self.rows))  # refused: it names the sizes
+            if tokens.shape[1] == 1:
+                rows = self._at.fill_(self.cache.length)  # (1,): no host copy, one kernel
+            else:
+                rows = torch.arange(self.cache.length, n, device=self._at.device)
+            logits = self._static_step(self.cache, tokens, rows)
+            self.cache.length = n
+            return logits
         if n >= self.cache.capacity:
             capacity = max(n + 1, 2 * self.cache.capacity)
             self.cache.grow(capacity, *self.facts(capacity, self.rows))
@@ -123,6 +138,20 @@ class TextModel(FolnetBase):
             types[:, source:] = 1
         return relative_position_ids(types, self.cfg.delta, positions)
 
+    def step_static(self, cache: GenerationCache, tokens: torch.Tensor, rows: torch.Tensor
+                    ) -> torch.Tensor:
+        """`step_rows` on a static cache: new rows (B, Q) at domain positions ``rows`` (Q,),
+        a tensor, against every position of the capacity. Its shapes never change, so
+        ``torch.compile(fullgraph=True, mode="reduce-overhead")`` captures it once: the
+        decoding step a GPU replays (`Session.step` calls it for a static cache). Returns the
+        rows' next-token logits (B, Q, V)."""
+        domain, positions, rel = cache.static_step(rows)
+        atoms, layers = self.decoder_stack()
+        hooks = [cache.hook(i, rows, read=True) for i in range(len(layers))]
+        u1, _ = run_stack(atoms, layers, tokens, None, domain, positions, rel,
+                          relations=False, contexts=hooks)  # (B, Q, D1)
+        return self.lm(u1)
+
     def step_rows(self, cache: GenerationCache, tokens: torch.Tensor, start: int,
                   record: Record | None = None) -> torch.Tensor:
         """Run new decoder rows (B, Q) at domain positions ``start..`` through every layer,
@@ -137,9 +166,24 @@ class TextModel(FolnetBase):
         cache.length = n
         return u1
 
-    def check_generation(self, used: int, what: str, **kw) -> None:
+    def check_generation(self, used: int, what: str, *, cache: str = "dynamic",
+                         compile: bool | str = False, use_cache: bool = True, **kw) -> None:
         generation.check_generation_args(used=used, limit=self.cfg.max_positions, what=what,
                                          vocab_size=self.cfg.vocab_size, **kw)
+        generation.check_cache_args(cache=cache, compile=compile, use_cache=use_cache)
+
+    def static_step_fn(self, compile: bool | str = False) -> Callable:
+        """`step_static`, or (``compile``: True, or a torch.compile mode) it compiled with
+        ``fullgraph=True`` -- True takes "reduce-overhead" (CUDA graphs) on CUDA, "default"
+        elsewhere -- kept on the model, so later generations reuse the compiled step."""
+        if compile is False:
+            return self.step_static
+        if compile is True:
+            compile = "reduce-overhead" if self.lm.bias.device.type == "cuda" else "default"
+        kept = self.__dict__.setdefault("_compiled_steps", {})
+        if compile not in kept:
+            kept[compile] = torch.compile(self.step_static, fullgraph=True, mode=compile)
+        return kept[compile]
 
     @staticmethod
     def finish(prompt, first, step, max_new_tokens, return_logits, **kw):
