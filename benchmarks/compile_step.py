@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_json
-from step_census import folnet_step
+from steps import folnet_step
 
 from folnet.runtime import tune_cpu_allocator
 

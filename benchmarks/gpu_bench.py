@@ -226,7 +226,7 @@ def generate_stage(ctx: StageContext) -> None:
             prompt = torch.randint(0, model.cfg.vocab_size, (1, prompt_len),
                                    generator=torch.Generator().manual_seed(1))
             row = gen.case(OnDevice(model, ctx), prompt, new, budget=5.0 if ctx.dry_run
-                           else 60.0, samples=5, repeats=2)
+                           else 60.0, samples=5, repeats=2, static=not ctx.dry_run)
             return {"preset": p, "new_tokens": new, **row}
         ctx.measure(f"generate {preset}", one)
 

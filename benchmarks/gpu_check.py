@@ -1,6 +1,6 @@
 """The GPU path in one command: CUDA correctness tests, benchmarks, a short pretraining run.
 
-    python benchmarks/gpu_check.py --out DIR                  # on a CUDA machine, ~7 minutes
+    python benchmarks/gpu_check.py --out DIR                  # on a CUDA machine, ~8 minutes
     python benchmarks/gpu_check.py --out DIR --budget-s 300   # a tighter deadline
     python benchmarks/gpu_check.py --out DIR --dry-run        # the CPU rehearsal, < 1 minute
 
@@ -11,7 +11,10 @@ its own process (a crash or a hung kernel costs one stage, not the report):
 1. ``cuda_tests``: pytest on tests/ops/test_cuda.py (plugin benchmarks/gpu_pytest.py), every
    test's outcome and the share of its tolerance each comparison used;
 2. ``train_step``, ``ops``, ``generate``: benchmarks/gpu_bench.py (reusing train_step.py,
-   ops.py, generate.py and the harness);
+   ops.py, generate.py and the harness); ``speed``: benchmarks/gpu_speed.py -- the step
+   census on the device (launches, syncs, the kernels torch's profiler saw) beside BERT, the
+   pretraining step eager, compiled and with CUDA graphs beside BERT's, and the largest batch
+   that fits;
 3. ``pretrain``: benchmarks/gpu_pretrain.py, 200 steps fp32 and bf16 of the kinship-tiny run.
 
 Writes DIR/report.json and DIR/report.md only, rewritten after every result (pytest's output
@@ -45,8 +48,8 @@ for _path in (str(BENCH), str(ROOT)):  # folnet from this tree, the benchmarks b
 from gpu_report import STAGES, Report  # noqa: E402
 
 #: Each stage's share of the time left when it starts (later stages keep theirs).
-SHARES = {"cuda_tests": 0.34, "train_step": 0.24, "ops": 0.16, "generate": 0.08,
-          "pretrain": 0.18}
+SHARES = {"cuda_tests": 0.24, "train_step": 0.14, "speed": 0.30, "ops": 0.10,
+          "generate": 0.08, "pretrain": 0.14}
 #: A stage that would get less than this many seconds is skipped (GPU; the dry run: 2).
 MIN_STAGE_S = 15.0
 #: Seconds a stopped stage gets to exit on SIGTERM before SIGKILL, and kept for the last write.
@@ -283,6 +286,8 @@ def child(name: str, settings: dict) -> int:
     try:
         if name == "pretrain":
             from gpu_pretrain import pretrain_stage as run
+        elif name == "speed":
+            from gpu_speed import speed_stage as run
         else:
             import gpu_bench
 
@@ -297,8 +302,8 @@ def child(name: str, settings: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="folder for report.json and report.md (created)")
-    ap.add_argument("--budget-s", type=float, default=420.0,
-                    help="seconds for the whole check (default 420); stages share what is left")
+    ap.add_argument("--budget-s", type=float, default=480.0,
+                    help="seconds for the whole check (default 480); stages share what is left")
     ap.add_argument("--dry-run", action="store_true",
                     help="the CPU rehearsal: every stage at toy sizes, tests in rehearsal mode")
     ap.add_argument("--stages", default=",".join(STAGES),

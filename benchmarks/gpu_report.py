@@ -21,8 +21,9 @@ from harness import table, write_json
 STAGES = {
     "cuda_tests": "1. CUDA correctness (tests/ops/test_cuda.py)",
     "train_step": "2a. Training step (MLM + NSP, forward + backward + AdamW)",
-    "ops": "2b. Operators per backend, and one layer against the naive baseline",
-    "generate": "2c. Generation: cached against recomputed",
+    "speed": "2b. The step's launches, eager and compiled, beside BERT; the largest batch",
+    "ops": "2c. Operators per backend, and one layer against the naive baseline",
+    "generate": "2d. Generation: cached, static and compiled against recomputed",
     "pretrain": "3. Pretraining: tiny preset on the kinship corpus, fp32 and bf16",
 }
 
@@ -88,8 +89,18 @@ def _summary(name: str, stage: dict) -> str:
         return f"{len(stage.get('rows', []))} operator cases, {len(stage.get('layers', []))} " \
                f"layer cases"
     if name == "generate":
-        return "; ".join(f"{r['preset']}: x{r['speedup']:.1f}" for r in stage.get("rows", [])
-                         if "speedup" in r) or "-"
+        return "; ".join(f"{r['preset']}: x{r['speedup']:.1f}" + (
+            f", static compiled x{r['compiled_speedup']:.1f}" if "compiled_speedup" in r else "")
+            for r in stage.get("rows", []) if "speedup" in r) or "-"
+    if name == "speed":
+        steps = [r for r in stage.get("steps", []) if "step_ms" in r and r["model"] == "folnet"]
+        best = min(steps, key=lambda r: r["step_ms"], default=None)
+        census = [f"{r['preset']} {r['launch_ratio']:.2f}x BERT" for r in
+                  stage.get("census", []) if "launch_ratio" in r]
+        return "; ".join(census + ([] if best is None else [
+            f"fastest folnet step {best['step_ms']:.1f} ms ({best['mode']}, {best['preset']} "
+            f"T {best['T']})"]) + ([f"largest batch {stage['largest_batch']}"]
+                                   if stage.get("largest_batch") else [])) or "-"
     cmp = stage.get("comparison")
     if not cmp:
         return "-"
@@ -136,7 +147,24 @@ COLUMNS = {
     "generate": [("preset", "preset", ""), ("new_tokens", "new tokens", ""),
                  ("cached_ms", "cached ms/token", ".2f"),
                  ("recomputed_ms", "recomputed ms/token", ".2f"), ("speedup", "speedup", ".1f"),
+                 ("static_ms", "static ms/token", ".2f"),
+                 ("static_compiled_ms", "static compiled ms/token", ".2f"),
+                 ("compiled_speedup", "compiled over recomputed", ".1f"),
                  ("method", "recomputed timing", ""), ("error", "error", "")],
+    "census": [("preset", "preset", ""), ("folnet_launches", "folnet launches", ""),
+               ("bert_launches", "BERT launches", ""), ("launch_ratio", "ratio", ".2f"),
+               ("folnet_kernels", "folnet CUDA kernels", ""),
+               ("bert_kernels", "BERT CUDA kernels", ""), ("kernel_ratio", "ratio", ".2f"),
+               ("folnet_syncs", "folnet syncs", ""), ("error", "error", "")],
+    "steps": [("model", "model", ""), ("mode", "mode", ""), ("preset", "preset", ""),
+              ("T", "T", ""), ("B", "B", ""), ("precision", "precision", ""),
+              ("step_ms", "step ms", ".2f"), ("tokens_per_s", "tokens/s", ",.0f"),
+              ("mfu", "MFU", ".1%"), ("first_step_s", "first step s", ".1f"),
+              ("peak_gib", "peak GiB", ".2f"), ("error", "error", "")],
+    "largest": [("B", "B", ""), ("step_ms", "step ms", ".2f"),
+                ("tokens_per_s", "tokens/s", ",.0f"), ("mfu", "MFU", ".1%"),
+                ("peak_gib", "peak GiB", ".2f"), ("fit_gib", "fit est. GiB", ".2f"),
+                ("error", "error", "")],
     "pretrain": [("precision", "precision", ""), ("steps", "steps", ""),
                  ("first_loss", "first loss", ".3f"), ("last_loss", "last loss", ".3f"),
                  ("seconds", "seconds", ".1f"), ("tokens_per_s", "tokens/s", ",.0f"),
@@ -148,11 +176,16 @@ def _details(name: str, stage: dict) -> list[str]:
     if name == "cuda_tests":
         return _tests_section(stage)
     lines = []
-    keys = {"ops": ("rows", "layers"), "pretrain": ("runs",)}.get(name, ("rows",))
+    keys = {"ops": ("rows", "layers"), "pretrain": ("runs",),
+            "speed": ("census", "steps", "largest")}.get(name, ("rows",))
     for key in keys:
         rows = stage.get(key, [])
+        if key == "census":  # the two models' counts side by side
+            rows = [{**r, **{f"{m}_{k}": r.get(m, {}).get(k) for m in ("folnet", "bert")
+                             for k in ("launches", "kernels", "syncs")}} for r in rows]
         if rows:
-            lines += [_rows(rows, COLUMNS["layers" if key == "layers" else name]), ""]
+            lines += [_rows(rows, COLUMNS[key if key in ("layers", "census", "steps",
+                                                         "largest") else name]), ""]
     for key in ("peaks", "comparison", "settings"):
         if key in stage:
             lines.append(f"- {key}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)

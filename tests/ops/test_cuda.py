@@ -445,3 +445,24 @@ def test_compiled_encoder_gives_the_eager_loss_and_gradients(device, record_prop
     for name, grad in grads.items():
         assert_close(c_grads[name], grad, rtol=1e-4, atol=1e-5,
                      what=f"{backend} gradient of {name}")
+
+
+def test_a_pretraining_step_makes_no_host_sync(device):
+    """`folnet pretrain`'s step (benchmarks/steps.py builds it as the loop runs it) makes no
+    host sync: on CUDA under torch's sync debug mode set to raise; rehearsed, the step census
+    finds none on the CUDA path."""
+    from step_census import census
+    from steps import folnet_step
+
+    step = folnet_step("tiny", path="cuda", device=device, optimizer="lamb", dropout=0.1)
+    step.run()  # the first step makes what is kept (the optimiser's buckets, id squares)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step.run()
+            step.run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    else:
+        assert census(step).syncs == []

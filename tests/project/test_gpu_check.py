@@ -52,7 +52,7 @@ class Hide:
 
 sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
 '''
-STAGES = ("cuda_tests", "train_step", "ops", "generate", "pretrain")
+STAGES = ("cuda_tests", "train_step", "speed", "ops", "generate", "pretrain")
 
 
 def _positive(value: object) -> bool:
@@ -137,6 +137,29 @@ def test_dry_run_benchmarks_are_measurements(dry_run):
     (gen,) = stages["generate"]["rows"]
     assert _positive(gen["cached_ms"]) and _positive(gen["recomputed_ms"])
     assert gen["speedup"] == pytest.approx(gen["recomputed_ms"] / gen["cached_ms"])
+
+
+@pytest.mark.slow(seconds=60)
+def test_dry_run_counts_compiles_and_finds_the_largest_batch(dry_run):
+    """The speed stage: the census beside BERT (no sync), the step eager and compiled beside
+    BERT's (tokens/s and MFU from the same FLOPs), the batch doubled until it stops fitting
+    (the dry run's ceiling: 4)."""
+    stage = dry_run[0]["stages"]["speed"]
+    assert _positive(stage["bf16_peak_gflops"])
+    (census,) = stage["census"]
+    for model in ("folnet", "bert"):
+        assert census[model]["launches"] > 50 and census[model]["syncs"] == 0
+    assert census["launch_ratio"] == pytest.approx(census["folnet"]["launches"]
+                                                   / census["bert"]["launches"])
+    rows = {(r["model"], r["mode"]): r for r in stage["steps"]}
+    assert set(rows) == {(m, mode) for m in ("folnet", "bert") for mode in ("eager", "default")}
+    for (model, _), r in rows.items():
+        assert _positive(r["step_ms"]) and _positive(r["first_step_s"]), r
+        assert r["tokens_per_s"] == pytest.approx(r["B"] * r["T"] / (r["step_ms"] / 1e3))
+        assert r["gflop"] == rows[model, "eager"]["gflop"] and _positive(r["mfu"])
+    assert "reduce-overhead (CUDA graphs): CUDA only" in stage["not_run"]
+    assert [r["B"] for r in stage["largest"]] == [2, 4] and stage["largest_batch"] == 4
+    assert all(_positive(r["fit_gib"]) for r in stage["largest"])
 
 
 @pytest.mark.slow(seconds=60)
