@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the folnet step's optimiser (lamb: folnet pretrain's default)")
     parser.add_argument("--no-bert", action="store_true", help="folnet only")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--label", default="", help="what was counted (e.g. a commit), kept "
+                        "in the JSON for the figure that reads it")
     args = parser.parse_args(argv)
     rows = []
     for path in args.paths.split(","):
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             _print(row)
     if args.json is not None:
-        write_json(args.json, {"machine": machine(), "rows": rows})
+        write_json(args.json, {"machine": machine(), "label": args.label, "rows": rows})
     return 0
 
 

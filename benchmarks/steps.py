@@ -77,6 +77,7 @@ def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: 
     on ``device`` (``path``: the device whose kernel choices a CPU run makes; the optimiser is
     built on them: on CUDA torch's fused AdamW). ``compile_mode``: as ``--compile`` compiles
     it; ``precision``: fp32 or bf16 (autocast)."""
+    from folnet.train.data import masking
     from folnet.train.engine.distributed import DistContext
     from folnet.train.engine.guard import StepGuard
     from folnet.train.engine.optim import build_optimizer, build_scheduler
@@ -90,7 +91,11 @@ def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: 
         net = folnet.build_model(ops, preset=preset, head="pretraining", dropout=dropout,
                                  attention_dropout=dropout, backend=backend, **extra,
                                  **model).to(device).train()
-        net.gather_mlm = PretrainConfig().max_predictions  # as setup_run sets it
+        defaults = PretrainConfig()
+        # as setup_run sets it (a checkout before the slots, which a census "before" runs,
+        # took max_predictions as a flag: its exact gather)
+        most = getattr(masking, "most_targets", lambda t, p, m: m)
+        net.gather_mlm = most(seq_len, defaults.mlm_probability, defaults.max_predictions)
         net.relations = False
         opt = build_optimizer(net, optimizer, lr=1e-4)
     config = PretrainConfig(batch_size=batch, seq_len=seq_len, optimizer=optimizer,
@@ -104,7 +109,7 @@ def folnet_step(preset: str, ops: str = "jmc.atp", *, path: str = "cpu", batch: 
                scheduler=build_scheduler(opt, 10**6, warmup_ratio=0.0),
                scaler=torch.amp.GradScaler(torch.device(device).type, enabled=False))
     guard = StepGuard(10**6, what="census", lr=1e-4)
-    micro = [_batch(net.cfg.vocab_size, batch, seq_len, config.max_predictions)]
+    micro = [_batch(net.cfg.vocab_size, batch, seq_len, net.gather_mlm)]
     counter = iter(range(1, 10**9))
     return Step(net, opt, _parts(_FOLNET_PARTS),
                 lambda: train_step(run, micro, guard, next(counter), slice(None)), path)

@@ -107,7 +107,7 @@ def build(impl: str, ops: str, args, backend: str, **overrides):
         from baseline import BaselineFolnet
 
         return BaselineFolnet(model)
-    model.gather_mlm = True  # as pretraining runs it
+    model.gather_mlm = 20  # as pretraining runs it (max_predictions; a flag before the slots)
     model.relations = False
     return model
 

@@ -526,6 +526,65 @@ def figure_generate() -> str:
                       "cached speed-up", "recomputed timing"], rows))
 
 
+def figure_step_census() -> str:
+    """benchmarks/step_census.py before the speed work and now: launching ops and host syncs
+    per training step, folnet's beside BERT's, on the CPU's and CUDA's kernel choices."""
+    before = _read(FIGURES / "step_census" / "before.json")
+    after = _read(FIGURES / "step_census" / "after.json")
+    old = {(r["preset"], r["path"]): r for r in before["rows"]}
+    rows = []
+    for r in after["rows"]:
+        b = old.get((r["preset"], r["path"]))
+        if b is None:
+            raise DocsError(f"step_census/before.json has no {r['preset']} {r['path']} row")
+        f0, f1, bert = b["folnet"], r["folnet"], r["bert"]
+        rows.append((r["preset"], r["path"], f"{f0['launches']:,}", f"{f1['launches']:,}",
+                     f"{bert['launches']:,}", _ratio(f0["launches"], bert["launches"]),
+                     _ratio(f1["launches"], bert["launches"]),
+                     f"{f0['syncs']} -> {f1['syncs']}" if r["path"] == "cuda" else "-",
+                     f"{b['lamb_alone']:,} -> {r['lamb_alone']:,}"))
+    args = after["rows"][0]
+    return (f"*Before: {machine_line(before['machine'])} ({before.get('label', '')}); now: "
+            f"{machine_line(after['machine'])} ({after.get('label', '')}). "
+            f"`benchmarks/step_census.py`, jmc.atp, batch {args['batch']}, T "
+            f"{args['seq_len']}, {args['optimizer']} (fused on CUDA); counts do not depend on "
+            f"T, B or the machine. Syncs are counted on the CUDA path only (on a CPU the host "
+            f"is the device).*\n\n"
+            + _table(["preset", "path", "folnet before", "folnet now", "BERT", "before / BERT",
+                      "now / BERT", "host syncs", "LAMB alone"], rows))
+
+
+def figure_compile_step() -> str:
+    """benchmarks/compile_step.py: the pretraining step eager and compiled, one process."""
+    data = _read(FIGURES / "compile_step.json")
+    rows = [(r["preset"], r["seq_len"], r["batch"], r["optimizer"], f"{r['compile_s']:.0f} s",
+             f"{r['eager_s'] * 1000:.0f} ms", f"{r['compiled_s'] * 1000:.0f} ms",
+             f"{r['speedup']:.2f}x") for r in data["rows"]]
+    first = data["rows"][0]
+    return (f"*Measured {machine_line(data['machine'])}; `benchmarks/compile_step.py`, "
+            f"{first['rounds']} rounds of {first['steps']} steps, eager and compiled "
+            f"alternating, medians; the compile is the first compiled step (inductor, "
+            f"fullgraph).*\n\n"
+            + _table(["preset", "T", "batch", "optimizer", "compile", "eager step",
+                      "compiled step", "compiled speed"], rows))
+
+
+def figure_generate_static() -> str:
+    """benchmarks/generate.py --static: the static cache, eager and compiled."""
+    data = _read(FIGURES / "generate_static.json")
+    rows = [(r["preset"], r["new_tokens"], f"{r['recomputed_ms']:.1f}", f"{r['cached_ms']:.2f}",
+             f"{r['static_ms']:.2f}", f"{r['static_compiled_ms']:.2f}",
+             f"{r['compiled_speedup']:.1f}x", f"{r['compile_s']:.0f} s")
+            for r in data["rows"]]
+    return (f"*Measured {machine_line(data['machine'])}; `benchmarks/generate.py --static`, a "
+            f"decoder, {data['dtype']}, batch {data['batch']}, a "
+            f"{data['rows'][0]['prompt']}-token prompt, greedy; the compiled step with "
+            f"inductor's default mode (on CUDA `compile=True` takes CUDA graphs).*\n\n"
+            + _table(["preset", "new tokens", "recomputed ms/token", "dynamic cache",
+                      "static cache", "static, compiled", "compiled over recomputed",
+                      "compile"], rows))
+
+
 def figure_tolerances() -> str:
     """`make tolerances`' report (tests/tolerance_report.py --json): every numerical bound of
     the tests with the share of it each kernel set used."""
@@ -756,6 +815,9 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "figure-step-tensors": figure_step_tensors,
     "figure-memory-modes": figure_memory_modes,
     "figure-generate": figure_generate,
+    "figure-step-census": figure_step_census,
+    "figure-compile-step": figure_compile_step,
+    "figure-generate-static": figure_generate_static,
     "figure-tolerances": figure_tolerances,
     "step-estimate": step_estimate,
     "figure-demo": figure_demo,

@@ -180,3 +180,25 @@ def test_errors(setup):
         PretrainingCollator(SpecialIds.from_tokenizer(tok))
     with pytest.raises(FolnetError, match="empty list of examples"):
         PretrainingCollator(tok)([])
+
+
+def test_no_row_gets_more_targets_than_most_targets_says():
+    """The static gather's slots per sequence (`most_targets`) bound what the masking picks:
+    random rows of every length up to 80, with padding and specials, at three rates."""
+    from folnet.train.data.masking import SpecialIds, mask_tokens, most_targets
+
+    specials = SpecialIds(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4)
+    g = torch.Generator().manual_seed(0)
+    tight = 0
+    for p in (0.15, 0.3, 0.5):
+        for T in range(1, 81, 3):
+            ids = torch.randint(5, 50, (64, T), generator=g)
+            ids[:, 0] = 2
+            ids[:40, T // 2:] = 0  # padded rows
+            _, labels = mask_tokens(ids, specials, mlm_probability=p, max_predictions=20,
+                                    generator=g, vocab_size=50)
+            most = int((labels != -100).sum(1).max())
+            bound = most_targets(T, p, 20)
+            assert most <= bound, (T, p, most, bound)
+            tight += most == bound
+    assert tight > 20  # the bound is reached, not loose

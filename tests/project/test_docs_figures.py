@@ -37,7 +37,8 @@ def _section(title: str) -> str:
 
 def _records() -> list:
     return (sorted(FIGURES.glob("*.json")) + sorted(FIGURES.glob("*/record.json"))
-            + sorted(FIGURES.glob("against-*/*.json")))
+            + sorted(FIGURES.glob("against-*/*.json"))
+            + sorted(FIGURES.glob("step_census/*.json")))
 
 
 @pytest.mark.parametrize("path", _records(), ids=lambda p: p.relative_to(FIGURES).as_posix())
@@ -132,3 +133,20 @@ def test_the_readme_demo_speed_is_the_records_own(folder):
     # the ratio closes the same sentence
     assert re.search(re.escape(quoted) + r"[^.]*?" + re.escape(f": {ratio:.2f}x the seeds per "
                                                                f"minute"), text), quoted
+
+
+def test_the_readme_step_census_sentence_is_the_records_own():
+    """The README's launch and sync counts are the base preset's CUDA-path rows of the census
+    before and now, and LAMB's."""
+    def row(name: str) -> dict:
+        data = json.loads((FIGURES / "step_census" / f"{name}.json").read_text())
+        return next(r for r in data["rows"] if (r["preset"], r["path"]) == ("base", "cuda"))
+
+    before, now = row("before"), row("after")
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    quoted = (f"launched {before['folnet']['launches']:,} operations before the work on them "
+              f"and launches {now['folnet']['launches']:,} now, BERT-base's "
+              f"{now['bert']['launches']:,}; its host syncs went from "
+              f"{before['folnet']['syncs']} to {now['folnet']['syncs']}, and LAMB from "
+              f"{before['lamb_alone']:,} operations a step to {now['lamb_alone']:,}")
+    assert quoted in text, quoted

@@ -9,6 +9,7 @@ masks an uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,7 +18,7 @@ import torch
 
 from folnet.errors import FolnetError
 
-__all__ = ["IGNORE_INDEX", "PretrainingCollator", "SpecialIds", "mask_tokens"]
+__all__ = ["IGNORE_INDEX", "PretrainingCollator", "SpecialIds", "mask_tokens", "most_targets"]
 
 IGNORE_INDEX = -100  # label value that torch.nn.functional.cross_entropy skips by default
 
@@ -101,6 +102,15 @@ def _check_masking(input_ids: torch.Tensor, special_ids: SpecialIds | _HasSpecia
         raise FolnetError(f"vocab_size {vocab_size} is too small for the special ids")
 
     return specials
+
+
+def most_targets(seq_len: int, mlm_probability: float, max_predictions: int) -> int:
+    """The most MLM targets `mask_tokens` picks in a row of ``seq_len`` tokens: k is the
+    eligible count times the probability, rounded stochastically (at most its floor + 1),
+    capped at ``max_predictions`` -- the slots a static gather needs per sequence
+    (`folnet.arch.heads.gather_masked`), no more: each slot costs a row of the vocabulary
+    projection."""
+    return max(1, min(max_predictions, math.floor(seq_len * mlm_probability) + 1))
 
 
 def mask_tokens(

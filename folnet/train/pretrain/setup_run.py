@@ -27,7 +27,7 @@ from folnet.arch import build_model, set_memory
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.runtime import deterministic_algorithms
-from folnet.train.data.masking import PretrainingCollator
+from folnet.train.data.masking import PretrainingCollator, most_targets
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.amp import check_precision, make_grad_scaler
@@ -162,9 +162,10 @@ def _model(config: PretrainConfig, start: RunStart, vocab_size: int
     run's trainer state (None for a new run)."""
     model = build_model(config.ops, preset=config.preset, head="pretraining",
                         vocab_size=vocab_size, **config.model_overrides)
-    # MLM logits only at the predicted positions: max_predictions slots per sequence (the
-    # masking predicts no more), static shapes that no step has to read back
-    model.gather_mlm = config.max_predictions
+    # MLM logits only at the predicted positions: as many slots per sequence as the masking
+    # can predict (`most_targets`), static shapes that no step has to read back
+    model.gather_mlm = most_targets(config.seq_len, config.mlm_probability,
+                                    config.max_predictions)
     model.relations = False  # the losses never read the final binary stream
     model.set_activation_checkpointing(config.activation_checkpointing)
     set_memory(model, config.memory_mode)
