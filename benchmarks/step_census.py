@@ -132,10 +132,13 @@ class Record:
         return sum(self.bytes.values())
 
     def summary(self) -> dict[str, Any]:
+        bytes_by_part: collections.Counter = collections.Counter()
+        for (_, part), n in self.bytes.items():
+            bytes_by_part[part] += n
         return {"launches": self.launches(), "syncs": len(self.syncs),
                 "sync_ops": [f"{phase}/{part}: {op}" for phase, part, op in self.syncs],
                 "bytes": self.moved(), "by_phase": dict(self.by(0)), "by_part": dict(self.by(1)),
-                "top_ops": dict(self.by(2).most_common(12))}
+                "bytes_by_part": dict(bytes_by_part), "top_ops": dict(self.by(2).most_common(12))}
 
 
 class Census(TorchDispatchMode):
@@ -367,7 +370,7 @@ def _print(row: dict) -> None:
     if b:
         print("       BERT by part:  ", dict(sorted(b["by_part"].items())))
     if f["syncs"]:
-        print("       folnet syncs:", f["sync_ops"])
+        print(f"       folnet syncs: {f['syncs']} ({', '.join(sorted(set(f['sync_ops'])))})")
 
 
 if __name__ == "__main__":

@@ -542,16 +542,20 @@ def figure_step_census() -> str:
                      f"{bert['launches']:,}", _ratio(f0["launches"], bert["launches"]),
                      _ratio(f1["launches"], bert["launches"]),
                      f"{f0['syncs']} -> {f1['syncs']}" if r["path"] == "cuda" else "-",
-                     f"{b['lamb_alone']:,} -> {r['lamb_alone']:,}"))
+                     f"{b['lamb_alone']:,} -> {r['lamb_alone']:,}",
+                     f"{f0['bytes'] / 1e6:,.0f} -> {f1['bytes'] / 1e6:,.0f}",
+                     f"{bert['bytes'] / 1e6:,.0f}"))
     args = after["rows"][0]
     return (f"*Before: {machine_line(before['machine'])} ({before.get('label', '')}); now: "
             f"{machine_line(after['machine'])} ({after.get('label', '')}). "
             f"`benchmarks/step_census.py`, jmc.atp, batch {args['batch']}, T "
             f"{args['seq_len']}, {args['optimizer']} (fused on CUDA); counts do not depend on "
-            f"T, B or the machine. Syncs are counted on the CUDA path only (on a CPU the host "
-            f"is the device).*\n\n"
+            f"T, B or the machine (bytes do). Syncs are counted on the CUDA path only (on a CPU "
+            f"the host is the device). The MB moved count each operation's operands and results "
+            f"once, the optimiser's included.*\n\n"
             + _table(["preset", "path", "folnet before", "folnet now", "BERT", "before / BERT",
-                      "now / BERT", "host syncs", "LAMB alone"], rows))
+                      "now / BERT", "host syncs", "LAMB alone", "folnet MB moved",
+                      "BERT MB moved"], rows))
 
 
 def figure_compile_step() -> str:

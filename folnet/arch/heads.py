@@ -23,6 +23,8 @@ from folnet.arch.objectives import token_cross_entropy
 from folnet.arch.outputs import FolnetOutput
 from folnet.errors import FolnetError, choices
 from folnet.ops.kernels import layer_norm
+from folnet.ops.kernels.device import kernel_device
+from folnet.tracing import traced
 
 
 class MLMHead(nn.Module):
@@ -86,13 +88,16 @@ def gather_masked(hidden: torch.Tensor, labels: torch.Tensor, slots: int | None 
     The vocabulary projection is the largest matrix product of a small FOLNet; computing it for
     the ~15% masked positions instead of every token saves most of it. ``slots`` None: exactly
     the predicted positions, ``(N, D1)`` and ``(N,)`` -- N is read on the host, a sync on an
-    accelerator and a graph break under torch.compile. ``slots`` P: P positions per sequence,
-    its predicted ones first (in order), then unpredicted ones whose label is -100, ``(B*P,
-    D1)`` and ``(B*P,)`` -- static shapes, no sync, and the same loss, since every loss here
-    ignores -100 (BERT's ``max_predictions_per_seq``). A row may not predict more than P
-    tokens: checked where input values are (`folnet.arch.inputs.values_checked`).
+    accelerator and a graph break under torch.compile. ``slots`` P: on an accelerator and
+    while tracing, P positions per sequence, its predicted ones first (in order), then
+    unpredicted ones whose label is -100, ``(B*P, D1)`` and ``(B*P,)`` -- static shapes, no
+    sync, and the same loss, since every loss here ignores -100 (BERT's
+    ``max_predictions_per_seq``); on a CPU (`folnet.ops.kernels.device.kernel_device`), where
+    the host is the device and reading N costs nothing, the exact gather still: fewer rows of
+    the vocabulary projection, and the bits CPU runs always had. A row may not predict more
+    than P tokens: checked where input values are (`folnet.arch.inputs.values_checked`).
     """
-    if slots is None:
+    if slots is None or (kernel_device(hidden.device) == "cpu" and not traced()):
         where = labels != -100
         return hidden[where], labels[where]
     slots = min(slots, labels.shape[1])

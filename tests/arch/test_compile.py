@@ -179,3 +179,23 @@ def test_the_compiled_training_step_of_every_kind_gives_the_eager_gradients(fres
             assert_close(c_grads[name], grad, rtol=1e-4, atol=1e-6,
                          what=f"compiled {kind} gradient of {name}")
         torch._dynamo.reset()
+
+
+def test_a_compile_mode_the_device_cannot_run_is_refused_before_anything_is_written(
+        tmp_path, capsys):
+    from folnet.train.engine.compiled import check_compile_mode
+
+    with pytest.raises(folnet.FolnetError, match=r"--compile-mode reduce-overhead captures CUDA "
+                                                 r"graphs and needs a CUDA device; this run is "
+                                                 r"on cpu"):
+        check_compile_mode("reduce-overhead", torch.device("cpu"))
+    with pytest.raises(folnet.FolnetError, match=r"--compile-mode 'fast' is unknown; use "
+                                                 r"'default', 'reduce-overhead' or "
+                                                 r"'max-autotune'"):
+        check_compile_mode("fast", torch.device("cuda"))
+    out = tmp_path / "run"
+    rc = main(["pretrain", "--preset", "tiny", "--data", "kinship", "--kinship-documents", "8",
+               "--steps", "1", "--compile", "--compile-mode", "reduce-overhead",
+               "--device", "cpu", "--no-progress", "--out", str(out)])
+    assert rc != 0 and "needs a CUDA device" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,6 +1,8 @@
 """The masked-LM gather at static shapes (`folnet.arch.heads.gather_masked` with slots): the
 loss and gradients of the exact gather, no host read, and a refusal where slots would drop
-targets."""
+targets. Slots are a CUDA device's (and a trace's) choice: on a CPU, where a read costs
+nothing, the exact gather stays -- these tests take the CUDA path through
+`folnet.ops.kernels.device.emulate`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from tolerances import assert_rel
 
 import folnet
 from folnet.errors import FolnetError
+from folnet.ops.kernels.device import emulate
 
 V = 40
 
@@ -24,11 +27,12 @@ def _batch(slots_used=(3, 5)):
     return ids, labels
 
 
-def _run(model, ids, labels, gather):
+def _run(model, ids, labels, gather, path="cuda"):
     model.gather_mlm = gather
     model.zero_grad()
-    out = model(ids, mlm_labels=labels, nsp_labels=torch.tensor([0, 1]))
-    out.loss.backward()
+    with emulate(path):
+        out = model(ids, mlm_labels=labels, nsp_labels=torch.tensor([0, 1]))
+        out.loss.backward()
     return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -41,6 +45,9 @@ def test_slots_give_the_exact_gathers_loss_logits_and_gradients():
     exact, grads = _run(model, ids, labels, True)
     fixed, grads_fixed = _run(model, ids, labels, 6)
     assert exact.mlm_logits.shape == (8, V) and fixed.mlm_logits.shape == (12, V)
+    on_cpu, _ = _run(model, ids, labels, 6, path="cpu")  # the exact gather, its bits
+    assert torch.equal(on_cpu.mlm_logits, _run(model, ids, labels, True, path="cpu")[0]
+                       .mlm_logits)
     predicted = fixed.mlm_labels != -100
     assert int(predicted.sum()) == 8 and torch.equal(fixed.mlm_labels[predicted],
                                                      exact.mlm_labels)
@@ -57,7 +64,8 @@ def test_more_targets_in_a_row_than_slots_are_refused():
     ids, labels = _batch((3, 7))
     model.gather_mlm = 6
     with pytest.raises(FolnetError, match=r"a row predicts 7 tokens, more than the model's "
-                                          r"gather_mlm = 6"):
+                                          r"gather_mlm = 6"):  # (values checked: on the CPU)
         model(ids, mlm_labels=labels)
     model.gather_mlm = 20  # more slots than tokens: every position, as many as there are
-    assert model(ids, mlm_labels=labels).mlm_logits.shape == (24, V)
+    with emulate("cuda"):
+        assert model(ids, mlm_labels=labels).mlm_logits.shape == (24, V)

@@ -359,7 +359,9 @@ class DualStreamLayer(nn.Module):
             out = rearrange(out, f"batch {' '.join(spec.output)} -> batch "
                             f"{' '.join(spec.tokens('output'))} "
                             f"({' '.join(spec.channels('output'))})")  # (B, Q[, n], width)
-            outs[spec.typing.output].append(out)  # its out_scale: in `updates`' weights
+            if slot.out_scale != 1.0 and not self.scales_in_weights(out.device):
+                out = out * slot.out_scale
+            outs[spec.typing.output].append(out)
         return outs
 
     def updates(self, outs: dict[str, list[torch.Tensor]], domain: Domain
@@ -367,19 +369,28 @@ class DualStreamLayer(nn.Module):
         """The unary outputs concatenated (B, Q, M1) and the binary stream's update through its
         fused output projection (B, Q, n, D2), each None when no operator writes there."""
         mixed_u = torch.cat(outs["U"], -1) if outs["U"] else None
-        if mixed_u is not None and self.out_scaled["U"]:  # (B, Q, M1): a small stream
+        in_weights = mixed_u is not None and self.scales_in_weights(mixed_u.device)
+        if in_weights and self.out_scaled["U"]:  # (B, Q, M1): a small stream
             mixed_u = mixed_u * self.output_scales("U", mixed_u)
         if not outs["B"]:
             return mixed_u, None
         cat = torch.cat(outs["B"], -1)  # (B, Q, n, M2)
         weight, bias = adapters.weight(self.out_b), adapters.bias(self.out_b)
-        if self.out_scaled["B"]:  # (D2, M2): a scale per column, not per pair of the square
-            weight = weight * self.output_scales("B", weight)
+        if self.out_scaled["B"] and self.scales_in_weights(cat.device):
+            weight = weight * self.output_scales("B", weight)  # (D2, M2): per column
         # the CPU fast product (`folnet.ops.kernels.linear`) on the bidirectional square;
         # causal layers keep the plain product their checkpoints' outputs were made with
         # (the two round differently: ~1e-7 relative)
         return mixed_u, (linear(cat, weight, bias) if domain.visible is None
                          else F.linear(cat, weight, bias))
+
+    @staticmethod
+    def scales_in_weights(device: torch.device) -> bool:
+        """Whether the operators' constant output scales go through the output projection's
+        weight columns (one operation on a small matrix: on CUDA, where each operation is a
+        launch) or onto each output (on a CPU: the arithmetic its checkpoints' outputs and
+        the demo's figures were made with -- the two round differently, ~1e-7)."""
+        return kernel_device(device) != "cpu"
 
     def output_scales(self, stream: str, like: torch.Tensor) -> torch.Tensor:
         """(M,) each operator output channel's constant scale (`OperatorSlot.out_scale`), in

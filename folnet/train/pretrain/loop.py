@@ -11,14 +11,16 @@ averaging divides out again), so the gradient is the same whatever ``grad_accum`
 number of processes are: two processes reproduce one, and a resumed run reproduces an
 uninterrupted one bit for bit.
 
-Every step is judged by `folnet.train.engine.guard.StepGuard` from its global loss and gradient
-norm (one small transfer per step): a non-finite one is skipped -- no update, its losses kept
-out of the logged means, the count in every log record (``skipped``) -- and ``--max-bad-steps``
-of them in a row stop the run with exit status 1. The counts travel in the trainer state, so a
-resumed run judges as the uninterrupted one would.
+Every step is judged from its global loss and gradient norm: a non-finite one is skipped -- no
+update, its losses kept out of the logged means, the count in every log record (``skipped``)
+-- and ``--max-bad-steps`` of them in a row stop the run with exit status 1. No step waits for
+the device to judge it (docs/design.md section 14): the optimiser skips a bad step on the
+device (`folnet.train.engine.optim.step_unless`), and the host reads the step's loss and norm
+one step later for `folnet.train.engine.guard.StepGuard`'s counts and notes. The counts travel
+in the trainer state, so a resumed run judges as the uninterrupted one would.
 
 The run reads in three parts: set-up (`folnet.train.pretrain.setup_run.set_up`, which hands
-the loop one `Run`), the step loop (`_run_steps`: one step is `_accumulate` then
+the loop one `Run`), the step loop (`_run_steps`: one step is `train_step`, `_accumulate` then
 `_optimizer_step`) and the finish (`_finish`); `_train` holds them together with the failure
 handling. A step's sums travel by name (`folnet.train.pretrain.metrics.StepMetrics`), packed
 into one tensor for the all-reduce.
