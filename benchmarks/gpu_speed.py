@@ -97,6 +97,9 @@ def _step_row(ctx: StageContext, which: str, mode: str | None, preset: str, seq_
            "tokens_per_s": batch * seq_len / seconds, "first_step_s": first}
     if ctx.device == "cuda":
         row["peak_gib"] = torch.cuda.max_memory_allocated() / GiB
+        # the CUDA kernels of one step as torch's profiler sees them, compiled or not (under
+        # CUDA graphs the host launches one graph for them)
+        row["kernels"] = _kernels(step.run, ctx.device)
     if flops is None and mode is None:
         flops = count_flops(step.run)
     if flops is not None:

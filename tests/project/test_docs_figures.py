@@ -150,3 +150,16 @@ def test_the_readme_step_census_sentence_is_the_records_own():
               f"{before['folnet']['syncs']} to {now['folnet']['syncs']}, and LAMB from "
               f"{before['lamb_alone']:,} operations a step to {now['lamb_alone']:,}")
     assert quoted in text, quoted
+
+
+def test_the_readme_demo_time_against_0d541cf_is_the_records_own():
+    """The README's sentence on `make demo` before and after the step's speed work quotes
+    make_demo.json's means (and, the arithmetic unchanged, the table is the same)."""
+    record = json.loads((FIGURES / "against-0d541cf" / "make_demo.json").read_text())
+    before, after, _ = _hook().seeds_per_minute(record)
+    seeds = {r["side"]: r["seeds"] for r in record["runs"]}
+    runs = sum(r["side"] == "after" for r in record["runs"])
+    text = " ".join(_section("The main job").split())
+    quoted = (f"took {after:.0f} s for {seeds['after']} seeds (mean of {runs} runs), and "
+              f"{before:.0f} s for {seeds['before']} seeds at 0d541cf, with the same table")
+    assert quoted in text, quoted
