@@ -155,6 +155,9 @@ def test_a_training_forward_and_loss_is_one_graph(fresh_dynamo, kind):
         [b.reason for b in explained.break_reasons]
 
 
+# slow: traced three times (15-25 s), so the second kernel set's pass leaves it to make
+# tolerances -- it compares a trace with eager mode, both on the same kernels
+@pytest.mark.slow(seconds=20)
 @pytest.mark.numerics
 def test_the_compiled_training_step_of_every_kind_gives_the_eager_gradients(fresh_dynamo):
     """fullgraph=True, backward through AOT autograd (aot_eager: inductor's trace, no code
