@@ -16,9 +16,9 @@ from __future__ import annotations
 import copy
 import datetime
 import os
-import socket
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -357,19 +357,15 @@ def test_cached_generation_equals_recomputation(device, kind, padded):
     assert_close(cached.logits, full.logits, rtol=0, atol=1e-5, what=f"{kind} cached logits")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ddp_step(model, device: str, backend: str) -> dict[str, torch.Tensor]:
-    """One AdamW step of ``model`` wrapped in DDP over a one-process group; its parameters."""
+def _ddp_step(model, device: str, backend: str, store: Path) -> dict[str, torch.Tensor]:
+    """One AdamW step of ``model`` wrapped in DDP over a one-process group; its parameters.
+    The group meets in a file (``store``), not on a port: a port found free can be taken by
+    another test's group before this one binds it, and this group would then wait on theirs."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
     try:
         ids = [0] if device == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
@@ -387,7 +383,7 @@ def _train_step(model, device: str) -> None:
     opt.step()
 
 
-def test_one_process_ddp_step_equals_the_plain_step(device, record_property):
+def test_one_process_ddp_step_equals_the_plain_step(device, record_property, tmp_path):
     """NCCL on CUDA (gloo if NCCL cannot start, said in the report); gloo on the CPU. One
     process all-reduces its own gradient: the step must be the plain model's."""
     plain = _model("encoder", "jmc.atp", device, head="pretraining")
@@ -396,14 +392,14 @@ def test_one_process_ddp_step_equals_the_plain_step(device, record_property):
     want = {n: p.detach() for n, p in plain.named_parameters()}
     backend = "nccl" if device == "cuda" else "gloo"
     try:
-        got = _ddp_step(wrapped, device, backend)
+        got = _ddp_step(wrapped, device, backend, tmp_path / "store")
     except (RuntimeError, ValueError) as exc:
         if backend != "nccl":
             raise
         record_property("nccl_failed", str(exc).splitlines()[0][:300])
         backend, wrapped = "gloo", copy.deepcopy(_model("encoder", "jmc.atp", device,
                                                         head="pretraining"))
-        got = _ddp_step(wrapped, device, backend)
+        got = _ddp_step(wrapped, device, backend, tmp_path / "store-gloo")
     record_property("ddp_backend", backend)
     changed = sum(not torch.equal(got[n], p) for n, p in _model(
         "encoder", "jmc.atp", device, head="pretraining").named_parameters())
