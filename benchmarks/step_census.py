@@ -16,7 +16,18 @@ heads and FFN width, side by side in one run:
   tensor the step computed or moved to the device (the CPU batch the data loader made is the
   host's own: reading it is free);
 * **bytes moved**: each launching op's tensor operands and results, read and written once
-  (a lower bound of the traffic: a matrix product reads its operands more than once).
+  (a lower bound of the traffic: a matrix product reads its operands more than once);
+* **the floor** of those bytes: what the step's values cost if each were read once and written
+  once per phase (forward, backward, optimiser, loop) -- per storage, the bytes of the union
+  of the ranges its reads cover, plus those of the union its writes cover (an op's results,
+  an in-place op's operand), where what a data-movement op writes (`MOVES`: a copy, a
+  concatenation, a layout change, a zero fill, a gradient scattered into zeros) is no new
+  value and is left out, as are reads of what it wrote (until an op writes a value there: a
+  zero-filled buffer that a product accumulates into holds values). bytes / floor says how
+  often the step passes over memory it need not: a LayerNorm whose output two projections
+  read costs one read over the floor, a permuted copy of an operand its write and its read.
+  It does not ask whether an intermediate value should exist (a fused kernel removes its
+  write and its read, and the floor with them): the two figures are reported side by side.
 
 Each is split by part of the model (atoms, mixer, unary FFN, binary FFN, heads, loss,
 optimiser, the loop's own work): a forward op belongs to the innermost module running it, a
@@ -70,6 +81,14 @@ SYNC_OPS = frozenset({
     "unique_dim", "unique_consecutive", "equal", "is_nonzero", "_nested_tensor_from_mask",
     "masked_scatter", "argwhere",
 })
+#: Ops whose results hold no new value: copies, layouts, concatenations, fills (`Record.floor`).
+MOVES = frozenset({
+    "clone", "copy_", "_to_copy", "cat", "stack", "contiguous", "slice_backward",
+    "select_backward", "as_strided_scatter", "zeros", "zeros_like", "new_zeros", "zero_",
+    "fill_", "full", "new_full", "constant_pad_nd", "repeat", "expand_copy", "permute_copy",
+    "transpose_copy", "unsqueeze_copy", "index_select", "narrow_copy", "split_with_sizes_copy",
+    "unbind_copy", "scalar_tensor", "ones", "ones_like", "new_ones",
+})
 #: Ops whose boolean-tensor index is a sync (the output size is the count of true values).
 BOOL_INDEX_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
 #: Ops whose sync depends on an argument: repeat_interleave without output_size.
@@ -116,7 +135,14 @@ class Record:
 
     ops: collections.Counter = field(default_factory=collections.Counter)
     bytes: collections.Counter = field(default_factory=collections.Counter)
+    op_bytes: collections.Counter = field(default_factory=collections.Counter)  # by op name
     syncs: list[tuple[str, str, str]] = field(default_factory=list)
+    # (phase, "read" | "write", storage) -> the byte ranges touched: the floor's (`floor`)
+    ranges: dict[tuple[str, str, int], list[tuple[int, int]]] = field(default_factory=dict)
+    # every storage touched, held until the record is read, so that no address is reused
+    # by a later tensor of the same step (which would merge two tensors' ranges)
+    kept: list[Any] = field(default_factory=list, repr=False)
+    copies: set[int] = field(default_factory=set)  # storages a data-movement op wrote last
 
     def launches(self, phase: str | None = None, part: str | None = None) -> int:
         return sum(n for (ph, pa, _), n in self.ops.items()
@@ -128,17 +154,50 @@ class Record:
             out[key[index]] += n
         return out
 
-    def moved(self) -> int:
-        return sum(self.bytes.values())
+    def moved(self, phase: str | None = None) -> int:
+        return sum(n for (ph, _), n in self.bytes.items() if phase in (None, ph))
+
+    def touch(self, phase: str, kind: str, t: torch.Tensor) -> None:
+        """Record that ``t``'s bytes were read or written (``kind``) in ``phase``."""
+        if t.numel() == 0 or t.layout != torch.strided:
+            return
+        storage = t.untyped_storage()
+        self.kept.append(storage)
+        if kind == "read" and storage.data_ptr() in self.copies:
+            return  # a copy of a value read where it was made
+        size = t.element_size()
+        # the span a view reaches: from its first element to its last, whatever its strides
+        last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+        start = t.storage_offset() * size
+        self.ranges.setdefault((phase, kind, storage.data_ptr()), []).append(
+            (start, start + (last + 1) * size))
+
+    def floor(self, phase: str | None = None) -> int:
+        """Bytes if every storage's ranges were read once and written once per phase."""
+        total = 0
+        for (ph, _, _), spans in self.ranges.items():
+            if phase not in (None, ph):
+                continue
+            end = -1
+            for lo, hi in sorted(spans):  # the union of the ranges
+                if hi <= end:
+                    continue
+                total += hi - max(lo, end)
+                end = hi
+        return total
 
     def summary(self) -> dict[str, Any]:
         bytes_by_part: collections.Counter = collections.Counter()
         for (_, part), n in self.bytes.items():
             bytes_by_part[part] += n
+        phases = sorted({ph for ph, _, _ in self.ranges})
         return {"launches": self.launches(), "syncs": len(self.syncs),
                 "sync_ops": [f"{phase}/{part}: {op}" for phase, part, op in self.syncs],
-                "bytes": self.moved(), "by_phase": dict(self.by(0)), "by_part": dict(self.by(1)),
-                "bytes_by_part": dict(bytes_by_part), "top_ops": dict(self.by(2).most_common(12))}
+                "bytes": self.moved(), "floor": self.floor(),
+                "floor_by_phase": {ph: self.floor(ph) for ph in phases},
+                "by_phase": dict(self.by(0)), "by_part": dict(self.by(1)),
+                "bytes_by_part": dict(bytes_by_part), "top_ops": dict(self.by(2).most_common(12)),
+                "top_op_bytes": dict(self.op_bytes.most_common(12))}
 
 
 class Census(TorchDispatchMode):
@@ -169,8 +228,24 @@ class Census(TorchDispatchMode):
         if name in NO_LAUNCH or func.is_view:
             return out
         self.record.ops[phase, part, name] += 1
-        self.record.bytes[phase, part] += sum(t.numel() * t.element_size()
-                                              for t in inputs + _tensors(out))
+        results = _tensors(out)
+        moved = sum(t.numel() * t.element_size() for t in inputs + results)
+        self.record.bytes[phase, part] += moved
+        self.record.op_bytes[name] += moved
+        for t in inputs:
+            self.record.touch(phase, "read", t)
+        written = results + [a for a, arg in zip(args, func._schema.arguments, strict=False)
+                             if isinstance(a, torch.Tensor) and arg.alias_info is not None
+                             and arg.alias_info.is_write]
+        for t in written:
+            if t.layout != torch.strided:
+                continue
+            if name in MOVES:
+                self.record.copies.add(t.untyped_storage().data_ptr())
+                self.record.kept.append(t.untyped_storage())
+            else:
+                self.record.copies.discard(t.untyped_storage().data_ptr())
+                self.record.touch(phase, "write", t)
         return out
 
 
@@ -300,6 +375,7 @@ def census(step: Step, warmup: int = 1) -> Record:
         parts.census = mode
         with parts.hooked(), mode, _counted_reads(mode):
             step.run()
+    mode.record.kept.clear()  # the step is over: its storages may go
     return mode.record
 
 
@@ -362,7 +438,8 @@ def _print(row: dict) -> None:
     f, b = row["folnet"], row.get("bert")
     ratio = f"{f['launches'] / b['launches']:.2f}x BERT" if b else ""
     print(f"{row['preset']:>5} {row['path']:>4}: folnet {f['launches']:5d} launches, "
-          f"{f['syncs']} syncs, {f['bytes'] / 1e6:8.1f} MB"
+          f"{f['syncs']} syncs, {f['bytes'] / 1e6:8.1f} MB "
+          f"({f['bytes'] / f['floor']:.2f}x its floor)"
           + (f" | BERT {b['launches']:5d}, {b['syncs']} syncs, {b['bytes'] / 1e6:8.1f} MB "
              f"| {ratio}" if b else "")
           + f" | LAMB alone {row['lamb_alone']}, AdamW {row['adamw_alone']}")

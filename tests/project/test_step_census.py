@@ -53,3 +53,37 @@ def test_the_pretraining_step_does_not_sync_on_the_cuda_path(optimizer):
 def test_lamb_alone_is_a_few_dozen_launches():
     record = sc.optimizer_census("small", "lamb", path="cuda")
     assert record.launches() <= 40 and record.syncs == []
+
+
+def test_the_floor_counts_each_value_once_per_phase_and_no_copy():
+    """The floor by hand: x (n float32) read by two ops counts once; a permuted copy's write and
+    its later read do not count; what a zero fill holds becomes a value when an op adds into
+    it; the backward's reads and writes are their own phase's."""
+    n = 64 * 32
+    w = torch.nn.Parameter(torch.randn(64, 32) + 0.5)
+    opt = torch.optim.SGD([w], lr=0.1)
+    host: dict[str, float] = {}
+
+    def run() -> None:
+        a = w * 2.0  # read w (n), write a (n)
+        b = w + 1.0  # read w again: no new floor; write b (n)
+        c = a.t().contiguous()  # a copy: its write is no value
+        d = c.sum()  # read c: a copy of a, read where a was made... not at all
+        z = torch.zeros(64, 32)  # a fill
+        z.add_(b)  # read z, read b, write z: z now holds values
+        loss = (z * d).sum()  # read z, d
+        host["forward"] = 1.0
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    record = sc.census(sc.Step(torch.nn.Module(), opt, lambda name: None, run))
+    size = 4 * n  # bytes of one (64, 32) float32
+    # reads: w once (two ops), a (by the copy), b, z once it holds values, z * d, d; not c
+    # (a copy) nor z while it holds the fill. Writes: a, b, z (by add_), z * d; d and loss
+    # (4 bytes each); not c, not the fill. Autograd's seed of the backward pass, ones_like(loss),
+    # runs before it: a fill (no value written) that reads loss (4 bytes)
+    assert record.floor("forward") == 5 * size + 4 + 4 * size + 8 + 4
+    # every op's operands and results: w twice, the copy's read and write, c's read, the fill
+    assert record.moved(phase="forward") == 14 * size + 20
+    assert record.floor("backward") > 0 and record.floor("optimizer") > 0
