@@ -558,6 +558,41 @@ def figure_step_census() -> str:
                       "BERT MB moved"], rows))
 
 
+def figure_step_bytes() -> str:
+    """benchmarks/step_census.py's bytes per step and their floor, folnet beside BERT."""
+    data = _read(FIGURES / "step_census" / "bytes.json")
+    rows = []
+    for r in data["rows"]:
+        f, bert = r["folnet"], r["bert"]
+        rows.append((r["preset"], r["path"], f"{f['bytes'] / 1e6:,.0f}",
+                     f"{f['floor'] / 1e6:,.0f}", f"{f['bytes'] / f['floor']:.2f}x",
+                     f"{bert['bytes'] / 1e6:,.0f}", f"{bert['bytes'] / bert['floor']:.2f}x",
+                     _ratio(f["bytes"], bert["bytes"])))
+    args = data["rows"][0]
+    return (f"*Measured {machine_line(data['machine'])} ({data.get('label', '')}); "
+            f"`benchmarks/step_census.py`, jmc.atp, batch {args['batch']}, T {args['seq_len']}. "
+            f"The floor: each storage's bytes read once and written once per phase of the "
+            f"step, copies, layouts and fills not counted as values (the module's docstring "
+            f"says how).*\n\n"
+            + _table(["preset", "path", "folnet MB", "its floor", "folnet / floor", "BERT MB",
+                      "BERT / floor", "folnet / BERT"], rows))
+
+
+def figure_layer_trace() -> str:
+    """benchmarks/layer_trace.py before and after the layer's decisions moved to its build."""
+    before = _read(FIGURES / "layer_trace" / "before.json")
+    after = _read(FIGURES / "layer_trace" / "after.json")
+    old = {r["path"]: r for r in before["rows"]}
+    rows = [(r["path"], f"{old[r['path']]['files']} -> {r['files']}",
+             f"{old[r['path']]['crossings']} -> {r['crossings']}",
+             f"{old[r['path']]['calls']} -> {r['calls']}") for r in after["rows"]]
+    args = after["args"]
+    return (f"*`benchmarks/layer_trace.py`: one {args['preset']} {args['ops']} encoder layer's "
+            f"training forward at T {args['seq_len']}, batch 2, traced with sys.setprofile "
+            f"(counts depend on the code only).*\n\n"
+            + _table(["path", "folnet files", "crossings between files", "Python calls"], rows))
+
+
 def figure_compile_step() -> str:
     """benchmarks/compile_step.py: the pretraining step eager and compiled, one process."""
     data = _read(FIGURES / "compile_step.json")
@@ -820,6 +855,8 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "figure-memory-modes": figure_memory_modes,
     "figure-generate": figure_generate,
     "figure-step-census": figure_step_census,
+    "figure-step-bytes": figure_step_bytes,
+    "figure-layer-trace": figure_layer_trace,
     "figure-compile-step": figure_compile_step,
     "figure-generate-static": figure_generate_static,
     "figure-tolerances": figure_tolerances,

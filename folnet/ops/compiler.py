@@ -81,6 +81,7 @@ class CompiledOperator:
         self.dims = dims
         # each backend's decisions, made once here and never while a call is traced
         self.plans = {name: b.plan(spec, self.causal, dims) for name, b in BACKENDS.items()}
+        self._layouts: dict[str, dict[str, str]] = {}  # `route_by`'s, by backend name
 
     def __repr__(self) -> str:
         return (f"CompiledOperator({self.spec.symbol} {self.spec.name}: {self.spec.equation!r}, "
@@ -109,7 +110,11 @@ class CompiledOperator:
         """The route through ``backend``: how it wants the projected kernel and premise, "cl"
         (channels last), "cf" (channels first) or "fold" (the stream and the projection
         weight)."""
-        return Route(backend, {role: backend.layout(self, role) for role in ROLES})
+        layouts = self._layouts.get(backend.name)
+        if layouts is None:  # a backend's layouts are fixed once the operator is compiled
+            layouts = self._layouts[backend.name] = {role: backend.layout(self, role)
+                                                     for role in ROLES}
+        return Route(backend, layouts)
 
     def layouts(self, call: Call) -> dict[str, str]:
         """How the selected backend wants the projected kernel and premise (`route`)."""

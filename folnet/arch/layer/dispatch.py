@@ -16,7 +16,7 @@ from torch import nn
 
 from folnet.arch.config import ModelConfig
 from folnet.arch.layer.domain import ContextHook, Domain
-from folnet.arch.layer.slots import OperatorSlot
+from folnet.arch.layer.slots import OperatorSlot, Segment
 from folnet.ops.backends.base import CompiledOperator, Operand
 from folnet.ops.compiler import Route
 from folnet.ops.spec import ROLES
@@ -59,6 +59,7 @@ class Mixer(Protocol):
     cfg: ModelConfig
     training: bool
     slots: list[OperatorSlot]
+    segments: dict[Key, Segment]  # each operand's segment of its stream's projection
     ops: list[CompiledOperator]
     out_u: nn.Module | None
 

@@ -43,7 +43,7 @@ from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
 from folnet.arch.layer.memory import block_reach, block_rows_for, releases_heap
-from folnet.arch.layer.mixer import LayerCall, Residual, mix
+from folnet.arch.layer.mixer import LayerCall, Residual, mix, mix_blocks
 from folnet.arch.layer.relative import check_static_relative, static_relative
 from folnet.arch.layer.slots import (
     STREAMS,
@@ -94,6 +94,17 @@ class DualStreamLayer(nn.Module):
         self.ops = [compile_operator(masks.causal_form(s.spec) if causal else s.spec,
                                      cfg.backend, causal=causal, dims=cfg.dims)
                     for s in self.slots]
+        # what every call would otherwise look up again, decided here once: each operand's
+        # segment of its stream's projection and index letters per layout, and each operator's
+        # query letter and output pattern (spec.output's letters -> tokens, channels flattened)
+        self.segments: dict[Key, Segment] = {(i, r): s.segment(r) for i, s in enumerate(self.slots)
+                                             for r in ROLES}
+        self._letters = {(key, layout): self._letters_of(key, layout)
+                         for key in self.segments for layout in ("cl", "cf")}
+        self._query = [masks.query_letter(op.spec) for op in self.ops]
+        self._out_pattern = [f"batch {' '.join(op.spec.output)} -> batch "
+                             f"{' '.join(op.spec.tokens('output'))} "
+                             f"({' '.join(op.spec.channels('output'))})" for op in self.ops]
         if cfg.position == "rpe*":  # one table per layer for keys (in a), values (in j)
             self.rel_key = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
             self.rel_value = nn.Parameter(torch.empty(2 * cfg.delta + 2, cfg.S))
@@ -104,8 +115,8 @@ class DualStreamLayer(nn.Module):
         width = {"U": 0, "B": 0}
         for i, op in enumerate(self.ops):
             for role in ROLES:
-                if causal and op.spec.tokens(role)[0] != masks.query_letter(op.spec):
-                    seg = self.slots[i].segment(role)
+                if causal and op.spec.tokens(role)[0] != self._query[i]:
+                    seg = self.segments[i, role]
                     self.context[i, role] = width[seg.stream]
                     width[seg.stream] += seg.width
         self.width_u, self.width_b = width["U"], width["B"]
@@ -141,10 +152,9 @@ class DualStreamLayer(nn.Module):
         its layout; folded ones as the stream and their weight rows (`folded`)."""
         layouts = dispatch.layouts
         parts: Parts = {}
-        streams = {k: self.slots[k[0]].segment(k[1]).stream for k in keys}
+        streams = {k: self.segments[k].stream for k in keys}
         if "U" in streams.values():
-            segs = [((i, r), s.segment(r)) for i, s in enumerate(self.slots) for r in ROLES
-                    if s.segment(r).stream == "U"]
+            segs = [(k, seg) for k, seg in self.segments.items() if seg.stream == "U"]
             splits = torch.split(_apply(self.proj_u, n1), [seg.width for _, seg in segs], dim=-1)
             for (key, seg), t in zip(segs, splits, strict=True):
                 if key in streams:  # (B, Q, w) -> (B, Q, *channels)
@@ -156,7 +166,7 @@ class DualStreamLayer(nn.Module):
             if layouts[key] == "fold":
                 parts[key] = self.folded(key, n2)
             else:
-                binary.append((key, self.slots[key[0]].segment(key[1])))
+                binary.append((key, self.segments[key]))
         if not binary:
             return parts
         widths = [seg.width for _, seg in binary]
@@ -175,6 +185,9 @@ class DualStreamLayer(nn.Module):
 
     def letters(self, key: Key, layout: str) -> tuple[str, ...]:
         """The index letters of a projected tensor as `project` lays it out."""
+        return self._letters[key, layout]
+
+    def _letters_of(self, key: Key, layout: str) -> tuple[str, ...]:
         i, role = key
         idx = natural(self.ops[i].spec.tensor(role))
         return idx[2:] + idx[:2] if layout == "cf" else idx  # channels, then the two tokens
@@ -182,7 +195,7 @@ class DualStreamLayer(nn.Module):
     def folded(self, key: Key, n2: torch.Tensor) -> Operand:
         """A binary tensor handed over folded: the normalised stream and its weight rows."""
         i, role = key
-        seg: Segment = self.slots[i].segment(role)
+        seg: Segment = self.segments[key]
         w = adapters.weight(self.proj_b)[seg.start : seg.start + seg.width].view(*seg.channels,
                                                                                   -1)
         bias = adapters.bias(self.proj_b)
@@ -208,15 +221,15 @@ class DualStreamLayer(nn.Module):
         operator of a stream reads context, and none is read back."""
         own = {}
         for stream in STREAMS:
-            keys = [k for k in self.context if self.slots[k[0]].segment(k[1]).stream == stream]
+            keys = [k for k in self.context if self.segments[k].stream == stream]
             present = [k for k in keys if k in parts]
             if present:  # (B, Q, [n,] W) in context order
-                channels = {k: self.slots[k[0]].segment(k[1]).channels for k in keys}
+                channels = {k: self.segments[k].channels for k in keys}
                 first = parts[present[0]].tensor
                 lead = first.shape[: first.ndim - len(channels[present[0]])]
                 own[stream] = torch.cat([
                     parts[k].tensor.flatten(-len(channels[k])) if k in parts
-                    else first.new_zeros(*lead, self.slots[k[0]].segment(k[1]).width)
+                    else first.new_zeros(*lead, self.segments[k].width)
                     for k in keys], -1)
         if "B" in own:
             own["B"] = own["B"] * keep  # (B, Q, n, Wb): the pairs the rows see
@@ -228,7 +241,7 @@ class DualStreamLayer(nn.Module):
         for (i, role), start in self.context.items():
             if (i, role) not in parts:
                 continue
-            seg, spec = self.slots[i].segment(role), self.ops[i].spec
+            seg, spec = self.segments[i, role], self.ops[i].spec
             buf = buffers[STREAMS.index(seg.stream)]  # (B, n, [n,] W)
             t = buf.narrow(-1, start, seg.width).unflatten(-1, seg.channels)
             taken[i, role] = Operand(t, natural(spec.tensor(role)))
@@ -250,10 +263,12 @@ class DualStreamLayer(nn.Module):
         cfg = self.cfg
         n1 = self._norm(u1, cfg.D1)
         call = self.begin(u2, domain, context, unary_only, attentions)
-        # recomputed blocks without a context hand-off normalise their own slabs of u2: no
-        # normalised square is made, nor saved for the backward pass
-        lean = call.recompute and context is None
-        u1, u2 = mix(self, call, u1, u2, n1, None if lean else self.norm_binary(u2))
+        if not call.recompute:
+            u1, u2 = mix(self, call, u1, u2, n1, self.norm_binary(u2))
+        else:  # blocks without a context hand-off normalise their own slabs of u2 (no
+            # normalised square made, nor saved for the backward pass)
+            u1, u2 = mix_blocks(self, call, u1, u2, n1,
+                                None if context is None else self.norm_binary(u2))
         drop_u = Residual.draw(u1, call.p)
         u1 = drop_u.add(u1, self.ffn_u(self._norm(u1, cfg.D1)))
         if unary_only:
@@ -288,22 +303,28 @@ class DualStreamLayer(nn.Module):
                                                          kernel_device(u2.device))))
 
     def binary_ffn_stage(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
-        """The binary Boolean stage and its residual on u2 (B, Q, n, D2). A full square
-        (bidirectional or causal: u2 is masked, so its transpose is n2's) may run in blocks of
-        rows, applying the residual dropout inside them (the mask drawn first, as for the
-        whole) and its LayerNorm to each block's slabs, so that no normalised square is made
-        or kept for the backward pass; query rows of a longer domain pass their transposed
-        input."""
+        """The binary Boolean stage as its equation, ``u2 + drop(ffn_b(LN u2))`` on u2
+        (B, Q, n, D2); query rows of a longer domain pass their transposed input. A full
+        square may instead run in blocks of rows (`binary_ffn_blocks`)."""
+        if call.ffn_rows is not None:
+            return self.binary_ffn_blocks(u2, call)
+        drop_b = Residual.draw(u2, call.p)
+        n2 = self._norm(u2, self.cfg.D2)
+        u2 = drop_b.add(u2, self.ffn_b(n2, call.domain.transposed(n2)))
+        return u2 if call.visible is None else u2 * call.visible
+
+    def binary_ffn_blocks(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        """`binary_ffn_stage` over a full square (bidirectional or causal: u2 is masked, so its
+        transpose is n2's) in blocks of ``call.ffn_rows`` rows, each recomputed in the backward
+        pass: the residual dropout applied inside them (the mask drawn first, as for the whole,
+        and drawn again per block by the backward pass) and the LayerNorm to each block's
+        slabs, so that no normalised square is made or kept."""
         rows, count = call.ffn_rows, u2.shape[1]
-        drop_b = Residual.draw(u2, call.p, spans=None if rows is None else [
-            (r0, min(count, r0 + rows)) for r0 in range(0, count, rows)])
-        if rows is not None:  # its backward draws each block's rows of the mask again
-            update = self.ffn_b(u2, block_rows=rows, keep=drop_b.mask, p=drop_b.p,
-                                eps=self.cfg.layer_norm_eps, redrawn=drop_b.rows)
-        else:
-            n2 = self._norm(u2, self.cfg.D2)
-            update = self.ffn_b(n2, call.domain.transposed(n2))
-        u2 = drop_b.add(u2, update, applied=call.ffn_rows is not None)
+        drop_b = Residual.draw(u2, call.p, spans=[(r0, min(count, r0 + rows))
+                                                  for r0 in range(0, count, rows)])
+        update = self.ffn_b.blocks(u2, rows, keep=drop_b.mask, p=drop_b.p,
+                                   eps=self.cfg.layer_norm_eps, redrawn=drop_b.rows)
+        u2 = drop_b.add(u2, update, applied=True)
         return u2 if call.visible is None else u2 * call.visible
 
     def _wanted(self, unary_only: bool) -> tuple[int, ...]:
@@ -344,7 +365,7 @@ class DualStreamLayer(nn.Module):
             K, v = parts[i, "kernel"], parts[i, "premise"]
             if slot.kernel_scale != 1.0:
                 K = Operand(K.tensor * slot.kernel_scale, K.letters)
-            order = domain.order(masks.query_letter(spec))
+            order = domain.order(self._query[i])
             masked = premasked.get(i, frozenset())
             if attentions is not None and spec.activation == "softmax":
                 attentions[spec.symbol] = op.probabilities(K, domain.pad, order=order,
@@ -355,10 +376,7 @@ class DualStreamLayer(nn.Module):
             if cfg.position == "rpe*":
                 out = out + static_relative(spec, K.laid_out(spec.kernel), domain,
                                             self.rel_key, self.rel_value)
-            # spec.output's letters -> tokens (row[, col]), then the channels flattened
-            out = rearrange(out, f"batch {' '.join(spec.output)} -> batch "
-                            f"{' '.join(spec.tokens('output'))} "
-                            f"({' '.join(spec.channels('output'))})")  # (B, Q[, n], width)
+            out = rearrange(out, self._out_pattern[i])  # (B, Q[, n], width)
             if slot.out_scale != 1.0 and not self.scales_in_weights(out.device):
                 out = out * slot.out_scale
             outs[spec.typing.output].append(out)

@@ -35,18 +35,23 @@ class BinaryFFN(nn.Module):
         self.out = nn.Linear(f2, d2)
         self.skip = nn.Linear(d2, d2)
 
-    def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None, *,
-                block_rows: int | None = None, keep: torch.Tensor | None = None,
-                p: float = 0.0, eps: float | None = None, redrawn: RowMask | None = None
-                ) -> torch.Tensor:
+    def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None) -> torch.Tensor:
         """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
-        for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`).
-        ``block_rows`` runs a full square that many query rows at a time, recomputing each
-        block in the backward pass; there ``keep`` (a bool mask of n2's shape) applies the
-        residual dropout of rate ``p`` to the output, and ``eps`` makes ``n2`` the stream
-        before its LayerNorm, applied by each block to its own slabs; ``redrawn`` is ``keep``'s
-        `RowMask` over those blocks, kept for the backward pass instead of ``keep``."""
-        params = [t for m in (self.inp, self.out, self.skip)  # adapters included
-                  for t in (adapters.weight(m), adapters.bias(m))]
-        return binary_ffn(n2, *params, nt=n2t, rows=block_rows, keep=keep, p=p, eps=eps,
+        for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`)."""
+        return binary_ffn(n2, *self._params(), nt=n2t)
+
+    def blocks(self, u2: torch.Tensor, rows: int, *, keep: torch.Tensor | None = None,
+               p: float = 0.0, eps: float | None = None, redrawn: RowMask | None = None
+               ) -> torch.Tensor:
+        """`forward` over a full square ``rows`` query rows at a time, each block recomputed in
+        the backward pass. ``keep`` (a bool mask of u2's shape) applies the residual dropout of
+        rate ``p`` to the output; ``eps`` makes ``u2`` the stream before its LayerNorm, applied
+        by each block to its own slabs (None: ``u2`` is already normalised); ``redrawn`` is
+        ``keep``'s `RowMask` over those blocks, kept for the backward pass instead of
+        ``keep``."""
+        return binary_ffn(u2, *self._params(), rows=rows, keep=keep, p=p, eps=eps,
                           redrawn=redrawn)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [t for m in (self.inp, self.out, self.skip)  # adapters included
+                for t in (adapters.weight(m), adapters.bias(m))]

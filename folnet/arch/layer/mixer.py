@@ -1,5 +1,8 @@
-"""The layer's mixer stage, one driver for every call: the query rows run in blocks, and the
-whole square is the one block of all of them.
+"""The layer's mixer stage, two ways: `mix`, the stage as its equation over the whole square
+(plain autograd ops: what every short input, a GPU and torch.compile run), and `mix_blocks`,
+the same stage over blocks of query rows, each recomputed in the backward pass -- the CPU's
+long-sequence memory modes (`folnet.arch.layer.memory` decides when). Both give the same
+outputs (tests/arch/test_blocked_models.py).
 
 A block of rows r0:r1 reads what the operator specs say it needs (`block_reach`, fixed per
 layer): a tensor whose first token is the operator's query letter is projected from the
@@ -9,15 +12,12 @@ for all rows -- by the recomputed function's prologue, span by span, or, when a 
 hands them to a context hook (its context channels), before it. Every reduction runs along a
 row's columns, so each block's softmax is exact: blocks give the whole square's outputs.
 
-Long inputs (`folnet.arch.layer.memory` decides when) run in blocks, each recomputed in
-the backward pass (`folnet.ops.kernels.recompute`), so that its projections, kernels and
-premises (N2 channels per pair) are alive for one block only; the binary update's residual
-dropout is then applied inside the blocks, so that the gradient they receive is the
-residual's own, not a second full-size tensor, and (without a context hand-off) the blocks
-normalise their own slabs of u2, so that what the recomputed function saves is u2 -- the
-layer's input, kept anyway -- not a normalised copy of the square. Every other call is the
-one block of all rows, run as plain autograd ops, its operands projected in one pass over
-each stream.
+In blocks (`folnet.ops.kernels.recompute`) a block's projections, kernels and premises (N2
+channels per pair) are alive for that block only; the binary update's residual dropout is
+applied inside the blocks, so that the gradient they receive is the residual's own, not a
+second full-size tensor, and (without a context hand-off) the blocks normalise their own slabs
+of u2, so that what the recomputed function saves is u2 -- the layer's input, kept anyway --
+not a normalised copy of the square.
 
 Key to shapes: B batch, Q query rows, R a block's rows, n tokens of the domain, D1/D2 stream
 widths, M1 concatenated unary outputs.
@@ -38,7 +38,7 @@ from folnet.ops.kernels import dropout_add, keep_mask
 from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale, native
 from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
 
-__all__ = ["LayerCall", "Residual", "mix"]
+__all__ = ["LayerCall", "Residual", "mix", "mix_blocks"]
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _shared(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor | None, call: Layer
     if call.context is None:
         letters = {k: layer.letters(k, dispatch.layouts[k]) for k in common}
         # each made tensor's row axis: after the channels of a channels-first one
-        dims = {k: 1 + (len(layer.slots[k[0]].segment(k[1]).channels)
+        dims = {k: 1 + (len(layer.segments[k].channels)
                         if dispatch.layouts[k] == "cf" else 0) for k in common}
 
         def rows_of(block: Block) -> dict[Key, torch.Tensor]:  # rows r0:r1 of each
@@ -164,60 +164,75 @@ def _whole(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
 
 
 def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: torch.Tensor,
-        n2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mixer over u1 (B, Q, D1), u2 (B, Q, n, D2) (n1, n2 their normalised forms) in
-    ``call.spans``; returns both updated, the residual added. ``n2`` None (recomputed blocks
-    without a context hand-off, `lean`): the blocks normalise their own slabs of u2."""
+        n2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mixer stage over the whole square, as its equation: for each stream s it writes,
+    ``u_s + drop(W_s [op(K, v) for each operator])``, with every kernel K and premise v a
+    projection of the normalised streams ``n1`` = LN(u1), ``n2`` = LN(u2) -- u1 (B, Q, D1),
+    u2 (B, Q, n, D2) in, both updated out. Plain autograd ops throughout (one graph under
+    torch.compile); `mix_blocks` runs the same stage in recomputed blocks of rows."""
     dispatch, domain = call.dispatch, call.domain
     writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
     drop_u = Residual.draw(u1, call.p, "U" in writes)
-    # (B, Q, n, D2); drawn over the spans when they are recomputed: their backward draws
-    # their rows of it again rather than keeping it
-    drop_b = Residual.draw(u2, call.p, "B" in writes, call.spans if call.recompute else None)
+    drop_b = Residual.draw(u2, call.p, "B" in writes)  # (B, Q, n, D2)
+    parts, premasked = _whole(layer, n1, n2, call)
+    outs = layer.operate(parts, dispatch, domain, premasked, call.attentions)
+    mixed_u, update = layer.updates(outs, domain)  # (B, Q, M1), (B, Q, n, D2)
+    if mixed_u is not None:
+        u1 = drop_u.add(u1, layer.out_u(mixed_u))
+    if update is not None:
+        u2 = drop_b.add(u2, update)
+        if call.visible is not None:
+            u2 = u2 * call.visible
+    return u1, u2
+
+
+def mix_blocks(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor,
+               n1: torch.Tensor, n2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mixer stage of `mix` in ``call.spans``, each block of rows recomputed in the backward
+    pass (`folnet.ops.kernels.recompute`); the same outputs. ``n2`` None (no context hand-off):
+    the blocks normalise their own slabs of u2, so that no normalised square is made or kept,
+    and add the binary residual themselves."""
+    dispatch, domain = call.dispatch, call.domain
+    writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
+    drop_u = Residual.draw(u1, call.p, "U" in writes)
+    # (B, Q, n, D2), drawn over the spans: their backward draws their rows of it again rather
+    # than keeping it
+    drop_b = Residual.draw(u2, call.p, "B" in writes, call.spans)
     # what the blocks read of the binary stream, and how they normalise what they read
     binary, norm = (u2, layer.norm_binary) if n2 is None else (n2, _contiguous)
-    if call.recompute:
-        reach = layer.reach(dispatch.wanted)
-        folded = [k for k in reach["all"] if dispatch.layouts[k] == "fold"]  # read whole n2
-        shared, handed = _shared(layer, n1, n2, call, [k for k in reach["all"]
-                                                       if k not in folded], norm)
+    reach = layer.reach(dispatch.wanted)
+    folded = [k for k in reach["all"] if dispatch.layouts[k] == "fold"]  # read whole n2
+    shared, handed = _shared(layer, n1, n2, call, [k for k in reach["all"] if k not in folded],
+                             norm)
     rate = drop_b.p  # what the blocks read of the residual's dropout: its mask comes as a slab
-    count = u2.shape[1]
-    at = None  # (Q,) the rows' domain positions, sliced per block (blocks only)
-    if call.recompute:
-        at = (domain.rows if domain.rows is not None
-              else torch.arange(count, device=u2.device))
+    # (Q,) the rows' domain positions, sliced per block
+    at = domain.rows if domain.rows is not None else torch.arange(u2.shape[1],
+                                                                   device=u2.device)
 
     def block(b: Block) -> dict[str, torch.Tensor]:
-        if not call.recompute:  # all rows: the domain, its context and attentions as given
-            parts, premasked = _whole(layer, b.inputs["n1"], b.inputs["n2"], call)
-            sub, attentions = domain, call.attentions
-        else:
-            parts, premasked, attentions = shared.operands(b), shared.premasked, None
-            if folded:  # (B, Q, n, D2) whole, normalised again per block when lean
-                whole = norm(b.inputs["n2"])
-                parts.update({k: layer.folded(k, whole) for k in folded})
-            # one contiguous (normalised) copy of each slab, one block's worth: (B, R, D1),
-            # (B, R, n, D2), (B, n, R, D2)
-            parts.update(layer.project(b.slabs["n1 rows"], norm(b.slabs["n2 rows"]),
-                                       dispatch, reach["row"]))
-            if reach["col"]:
-                parts.update(layer.project(None, norm(b.slabs["n2 cols"]), dispatch,
-                                           reach["col"]))
-            rel = None if domain.rel_ids is None else domain.rel_ids.narrow(1, b.r0,
-                                                                            b.r1 - b.r0)
-            sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible,
-                         rows=at[b.r0 : b.r1], rel_ids=rel)
-        mixed_u, update = layer.updates(layer.operate(parts, dispatch, sub, premasked,
-                                                      attentions), sub)
-        if update is not None and call.recompute:  # (B, R, n, D2)
+        parts = shared.operands(b)
+        if folded:  # (B, Q, n, D2) whole, normalised again per block when lean
+            whole = norm(b.inputs["n2"])
+            parts.update({k: layer.folded(k, whole) for k in folded})
+        # one contiguous (normalised) copy of each slab, one block's worth: (B, R, D1),
+        # (B, R, n, D2), (B, n, R, D2)
+        parts.update(layer.project(b.slabs["n1 rows"], norm(b.slabs["n2 rows"]), dispatch,
+                                   reach["row"]))
+        if reach["col"]:
+            parts.update(layer.project(None, norm(b.slabs["n2 cols"]), dispatch, reach["col"]))
+        rel = None if domain.rel_ids is None else domain.rel_ids.narrow(1, b.r0, b.r1 - b.r0)
+        sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible, rows=at[b.r0 : b.r1],
+                     rel_ids=rel)
+        mixed_u, update = layer.updates(layer.operate(parts, dispatch, sub, shared.premasked),
+                                        sub)
+        if update is not None:  # (B, R, n, D2)
             update = Residual.inside(update, b.slabs.get("drop"), rate)
         return {name: t for name, t in (("unary", mixed_u), ("binary", update))
                 if t is not None}
 
     # "n2": n2, or u2 when the blocks normalise it (then the recomputed function saves only
     # u2, which the layer keeps anyway, not a normalised copy of the square)
-    inputs: dict = {"n1": n1, "n2": binary}
+    inputs: dict = {"n1": n1, "n2": binary, **handed}
     # n1's and n2's row slabs, n2's column slab on a full square (whose columns are its rows;
     # query rows of a longer domain are causal, whose operators' causal form reads no column
     # slab: that slab then goes unread)
@@ -225,22 +240,17 @@ def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: t
              "n2 cols": Slab("n2", 2 if domain.rows is None else 1)}
     # lean blocks read u2 itself: its residual is added inside the recomputed function, whose
     # backward then sums u2's gradient into the update's incoming one (one square, not two)
-    inside = {"binary": "n2"} if call.recompute and n2 is None and "B" in writes else {}
-    if call.recompute:
-        inputs.update(handed)
-        if drop_b.mask is not None:
-            inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
-        redrawn = {} if drop_b.rows is None else {"drop": drop_b.rows}
-        outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
-                                shared.prologue, inside, redrawn,
-                                release=release_free_memory if call.release_heap else None)
-    else:  # one block, autograd's graph kept
-        outs = block(Block(0, count, inputs, {}, {}, None))
+    inside = {"binary": "n2"} if n2 is None and "B" in writes else {}
+    if drop_b.mask is not None:
+        inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
+    redrawn = {} if drop_b.rows is None else {"drop": drop_b.rows}
+    outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
+                            shared.prologue, inside, redrawn,
+                            release=release_free_memory if call.release_heap else None)
     if "unary" in outs:  # (B, Q, M1)
         u1 = drop_u.add(u1, layer.out_u(outs["unary"]))
     if "binary" in outs:  # (B, Q, n, D2)
-        u2 = outs["binary"] if inside else drop_b.add(u2, outs["binary"],
-                                                      applied=call.recompute)
+        u2 = outs["binary"] if inside else drop_b.add(u2, outs["binary"], applied=True)
         if call.visible is not None:
             u2 = u2 * call.visible
     return u1, u2
