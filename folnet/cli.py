@@ -34,7 +34,7 @@ __all__ = ["EXTRAS", "Command", "DefaultsFormatter", "OneLineParser", "add_opera
 EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("datasets", "matplotlib", "tokenizers", "tqdm", "zstandard"),
     "hf": ("accelerate", "peft", "transformers"),
-    "gpu": ("xformers",),
+    "gpu": ("triton", "xformers"),
 }
 
 # the modules whose import registers the training commands (ops, info and convert are here)

@@ -1,7 +1,7 @@
 """glibc, asked through ctypes: the process's resident memory and its allocator's free pages.
 
 A leaf module (it imports nothing from folnet) so that both the process settings
-(`folnet.runtime`) and the layers (`folnet.arch.layer.mixer`, whose ``"tight"`` memory mode
+(`folnet.runtime`) and the layers (`folnet.arch.layer.row_blocks`, whose ``"tight"`` memory mode
 returns the heap's free pages around each recomputed stage) can use it. Off glibc every
 function here is a no-op that says so.
 """

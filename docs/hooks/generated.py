@@ -559,27 +559,40 @@ def figure_step_census() -> str:
 
 
 def figure_step_bytes() -> str:
-    """benchmarks/step_census.py's bytes per step and their floor, folnet beside BERT."""
+    """benchmarks/step_census.py's bytes per step and their floor, before the pair stream's
+    work (bytes_before.json) and now (bytes.json), folnet beside BERT."""
     data = _read(FIGURES / "step_census" / "bytes.json")
+    before = _read(FIGURES / "step_census" / "bytes_before.json")
+    old = {(r["preset"], r["path"]): r["folnet"] for r in before["rows"]}
     rows = []
     for r in data["rows"]:
-        f, bert = r["folnet"], r["bert"]
-        rows.append((r["preset"], r["path"], f"{f['bytes'] / 1e6:,.0f}",
-                     f"{f['floor'] / 1e6:,.0f}", f"{f['bytes'] / f['floor']:.2f}x",
+        f, bert, was = r["folnet"], r["bert"], old[r["preset"], r["path"]]
+        rows.append((r["preset"], r["path"], f"{was['bytes'] / 1e6:,.0f}",
+                     f"{f['bytes'] / 1e6:,.0f}", f"{f['floor'] / 1e6:,.0f}",
+                     f"{was['bytes'] / was['floor']:.2f}x -> {f['bytes'] / f['floor']:.2f}x",
+                     f"{was['launches']:,} -> {f['launches']:,}",
                      f"{bert['bytes'] / 1e6:,.0f}", f"{bert['bytes'] / bert['floor']:.2f}x",
                      _ratio(f["bytes"], bert["bytes"])))
     args = data["rows"][0]
-    return (f"*Measured {machine_line(data['machine'])} ({data.get('label', '')}); "
-            f"`benchmarks/step_census.py`, jmc.atp, batch {args['batch']}, T {args['seq_len']}. "
-            f"The floor: each storage's bytes read once and written once per phase of the "
-            f"step, copies, layouts and fills not counted as values (the module's docstring "
-            f"says how).*\n\n"
-            + _table(["preset", "path", "folnet MB", "its floor", "folnet / floor", "BERT MB",
-                      "BERT / floor", "folnet / BERT"], rows))
+    return _measured(data, f"before: {before.get('label', '')}. `benchmarks/step_census.py`, "
+                           f"jmc.atp, batch {args['batch']}, T {args['seq_len']}. The floor: "
+                           f"each storage's bytes read once and written once per phase of the "
+                           f"step, copies, layouts and fills not counted as values (the "
+                           f"module's docstring says how).",
+                     ["preset", "path", "folnet MB before", "folnet MB now", "its floor now",
+                      "folnet / floor", "launches", "BERT MB", "BERT / floor",
+                      "folnet / BERT"], rows)
+
+
+def _measured(data: dict, caption: str, header: list[str], rows: list) -> str:
+    """A figure's table under its caption, which names the machine (and the run's label)."""
+    label = f" ({data['label']})" if data.get("label") else ""
+    return f"*Measured {machine_line(data['machine'])}{label}; {caption}*\n\n" + _table(header,
+                                                                                       rows)
 
 
 def figure_layer_trace() -> str:
-    """benchmarks/layer_trace.py before and after the layer's decisions moved to its build."""
+    """benchmarks/layer_trace.py before the layer's rewrite (60b9e4c) and now."""
     before = _read(FIGURES / "layer_trace" / "before.json")
     after = _read(FIGURES / "layer_trace" / "after.json")
     old = {r["path"]: r for r in before["rows"]}
@@ -600,12 +613,11 @@ def figure_compile_step() -> str:
              f"{r['eager_s'] * 1000:.0f} ms", f"{r['compiled_s'] * 1000:.0f} ms",
              f"{r['speedup']:.2f}x") for r in data["rows"]]
     first = data["rows"][0]
-    return (f"*Measured {machine_line(data['machine'])}; `benchmarks/compile_step.py`, "
-            f"{first['rounds']} rounds of {first['steps']} steps, eager and compiled "
-            f"alternating, medians; the compile is the first compiled step (inductor, "
-            f"fullgraph).*\n\n"
-            + _table(["preset", "T", "batch", "optimizer", "compile", "eager step",
-                      "compiled step", "compiled speed"], rows))
+    return _measured(data, f"`benchmarks/compile_step.py`, {first['rounds']} rounds of "
+                           f"{first['steps']} steps, eager and compiled alternating, medians; "
+                           f"the compile is the first compiled step (inductor, fullgraph).",
+                     ["preset", "T", "batch", "optimizer", "compile", "eager step",
+                      "compiled step", "compiled speed"], rows)
 
 
 def figure_generate_static() -> str:

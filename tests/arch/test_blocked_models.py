@@ -88,10 +88,10 @@ def test_tight_equals_full_and_releases_the_heap_around_each_mixer_backward(kind
     """``"tight"`` computes what ``"blocked"`` does (the blocks' rows are the only other
     choice it makes), and on a CPU hands the heap back twice per layer's recomputed mixer
     stage: once before its forward blocks, twice in its backward pass."""
-    import folnet.arch.layer.mixer as mixer
+    import folnet.arch.layer.row_blocks as blocked
 
     calls = []
-    monkeypatch.setattr(mixer, "release_free_memory", lambda: calls.append(1))
+    monkeypatch.setattr(blocked, "release_free_memory", lambda: calls.append(1))
     _compare("jmc.atp", kind, dropout=0.1, attention_dropout=0.0, mode="tight")
     model = folnet.build_model("jmc.atp", preset="tiny", kind=kind, vocab_size=V)
     layers = [m for m in model.modules() if hasattr(m, "memory_mode")]

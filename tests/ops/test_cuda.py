@@ -1,7 +1,8 @@
 """The GPU path: every backend the CUDA priority list can pick (and ``fused``) against a float64
 CPU reference for each built-in operator and kind, SDPA's kernels forced one at a time, models
 on the device against float64 on the CPU, row blocks against the whole square, bf16 autocast
-steps, cached generation against recomputation, a one-process DDP step and torch.compile.
+steps, cached generation against recomputation, a one-process DDP step, torch.compile and
+the fused residual norm.
 
 Every test takes the ``device`` fixture: "cuda" when there is one; without one the tests skip,
 unless ``FOLNET_GPU_REHEARSAL=1`` is set, which runs them on the CPU (benchmarks/gpu_check.py
@@ -462,3 +463,32 @@ def test_a_pretraining_step_makes_no_host_sync(device):
             torch.cuda.set_sync_debug_mode(0)
     else:
         assert census(step).syncs == []
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_the_fused_residual_norm_matches_the_eager_arithmetic(device, p):
+    """`folnet.ops.kernels.residual_norm` where a CUDA step takes it (its Triton kernels on a
+    GPU; the CPU form when rehearsing) against the eager arithmetic in float64 on the CPU,
+    with the keep mask the op drew recovered from a second call under the same seed."""
+    from folnet.ops.kernels import residual_norm as rn
+
+    shape = (2, 24, 24, 48)
+    g = torch.Generator().manual_seed(0)
+    host = [torch.randn(shape, generator=g) for _ in range(4)]
+    u, x = (t.to(device).requires_grad_() for t in host[:2])
+    assert rn.why_not(u, x) is None
+    keep = None
+    if p:
+        torch.manual_seed(1)
+        keep = (rn.residual_norm(torch.zeros_like(u), torch.ones_like(x), p, 1e-12)[0] != 0)
+        assert abs(keep.float().mean().item() - (1 - p)) < 0.02
+        keep = keep.cpu()
+    torch.manual_seed(1)
+    y, n = rn.residual_norm(u, x, p, 1e-12)
+    (y * host[2].to(device) + n * host[3].to(device)).sum().backward()
+    u64, x64 = (t.detach().double().requires_grad_() for t in host[:2])
+    ry, rnorm = rn.reference(u64, x64, keep, p, 1e-12)
+    (ry * host[2].double() + rnorm * host[3].double()).sum().backward()
+    for got, want, what in ((y, ry, "y"), (n, rnorm, "n"), (u.grad, u64.grad, "grad u"),
+                            (x.grad, x64.grad, "grad x")):
+        assert_close(got, want, rtol=1e-5, atol=1e-5, what=f"residual norm {what}")

@@ -136,13 +136,13 @@ def test_the_readme_demo_speed_is_the_records_own(folder):
 
 
 def test_the_readme_step_census_sentence_is_the_records_own():
-    """The README's launch and sync counts are the base preset's CUDA-path rows of the census
-    before and now, and LAMB's."""
+    """The README's launch, sync and byte counts are the base preset's CUDA-path rows of the
+    census before and now (the latest census, bytes.json), and LAMB's."""
     def row(name: str) -> dict:
         data = json.loads((FIGURES / "step_census" / f"{name}.json").read_text())
         return next(r for r in data["rows"] if (r["preset"], r["path"]) == ("base", "cuda"))
 
-    before, now = row("before"), row("after")
+    before, now = row("before"), row("bytes")  # bytes.json: the latest census
     text = " ".join(README.read_text(encoding="utf-8").split())
     quoted = (f"launched {before['folnet']['launches']:,} operations before the work on them "
               f"and launches {now['folnet']['launches']:,} now, BERT-base's "
@@ -150,6 +150,11 @@ def test_the_readme_step_census_sentence_is_the_records_own():
               f"{before['folnet']['syncs']} to {now['folnet']['syncs']}, and LAMB from "
               f"{before['lamb_alone']:,} operations a step to {now['lamb_alone']:,}")
     assert quoted in text, quoted
+    moved = (f"moves {now['folnet']['bytes'] / 1e9:.1f} GB at T {now['seq_len']}, batch "
+             f"{now['batch']}: {now['folnet']['bytes'] / now['folnet']['floor']:.2f}x what its "
+             f"values cost read and written once (BERT-base "
+             f"{now['bert']['bytes'] / now['bert']['floor']:.2f}x)")
+    assert moved in text, moved
 
 
 def test_the_readme_demo_time_against_0d541cf_is_the_records_own():

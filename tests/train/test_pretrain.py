@@ -136,7 +136,7 @@ def test_mixed_precision_and_activation_checkpointing_run(tmp_path):
 def test_memory_mode_reaches_every_layer_and_a_tight_run_trains(tmp_path, monkeypatch):
     """--memory-mode sets the layers' mode (`folnet.set_memory`); a run in "tight" recomputes
     its blocks and returns the heap around each mixer stage's backward pass."""
-    import folnet.arch.layer.mixer as mixer
+    import folnet.arch.layer.row_blocks as blocked
     import folnet.train.pretrain.setup_run as setup_run
 
     with pytest.raises(FolnetError, match=r"--memory-mode 'tiled' is unknown; use 'auto', "
@@ -146,7 +146,7 @@ def test_memory_mode_reaches_every_layer_and_a_tight_run_trains(tmp_path, monkey
     real = setup_run.set_memory
     monkeypatch.setattr(setup_run, "set_memory",
                         lambda model, mode: (modes.append(mode), real(model, mode))[1])
-    monkeypatch.setattr(mixer, "release_free_memory", lambda: released.append(1))
+    monkeypatch.setattr(blocked, "release_free_memory", lambda: released.append(1))
     config = PretrainConfig(preset="tiny", data="kinship", kinship_documents=40, vocab_size=200,
                             seq_len=32, batch_size=4, steps=2, log_every=1, optimizer="adamw",
                             memory_mode="tight", progress=False, out=str(tmp_path / "run"))

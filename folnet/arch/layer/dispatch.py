@@ -53,8 +53,9 @@ class Dispatch:
 
 
 class Mixer(Protocol):
-    """What the mixer's driver (`folnet.arch.layer.mixer`) uses of the layer: its
-    projections, its context hand-off, its operators and its output projections."""
+    """What the mixer stage (`folnet.arch.layer.mixer`) and the blocked runner
+    (`folnet.arch.layer.row_blocks`) use of the layer: its norms, projections, context hand-off,
+    operators, output projections and binary FFN."""
 
     cfg: ModelConfig
     training: bool
@@ -62,6 +63,9 @@ class Mixer(Protocol):
     segments: dict[Key, Segment]  # each operand's segment of its stream's projection
     ops: list[CompiledOperator]
     out_u: nn.Module | None
+    ffn_b: nn.Module
+
+    def norm_unary(self, u1: torch.Tensor) -> torch.Tensor: ...
 
     def project(self, n1: torch.Tensor | None, n2: torch.Tensor, dispatch: Dispatch,
                 keys: Sequence[Key]) -> Parts: ...

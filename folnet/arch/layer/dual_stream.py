@@ -20,9 +20,11 @@ and the decoder premises").
 
 The stages talk by name: one `LayerCall` per call holds what it decided (the domain, the
 `Dispatch` -- which operators, on which routes --, the visible pairs, the blocks of query rows,
-the context hand-off), operands are keyed by (slot, role), and one driver runs the mixer over
-the blocks (`folnet.arch.layer.mixer`: the whole square is the one block of all rows) through
-`project` -> `operate` -> `updates`.
+the context hand-off), operands are keyed by (slot, role). Each stage is its equation
+(`folnet.arch.layer.mixer.mix`, `unary_ffn_stage`, `binary_ffn_stage`: docs/design.md section
+1); `forward` hands a long input on a CPU to the blocked runner instead
+(`folnet.arch.layer.row_blocks`). The mixer runs through `project` -> `operate` -> `updates`
+either way.
 
 Key to shapes: B batch, Q query rows, n tokens of the domain (Q = n = T for a square),
 D1/D2 stream widths, Wu/Wb context widths, M1/M2 concatenated operator outputs.
@@ -39,12 +41,14 @@ from torch import nn
 
 from folnet.arch import adapters
 from folnet.arch.config import ModelConfig
+from folnet.arch.layer.context import context_offsets, take_context
 from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
 from folnet.arch.layer.memory import block_reach, block_rows_for, releases_heap
-from folnet.arch.layer.mixer import LayerCall, Residual, mix, mix_blocks
+from folnet.arch.layer.mixer import LayerCall, Residual, mix
 from folnet.arch.layer.relative import check_static_relative, static_relative
+from folnet.arch.layer.row_blocks import ffn_blocks, mix_blocks
 from folnet.arch.layer.slots import (
     STREAMS,
     FusedOutput,
@@ -58,6 +62,7 @@ from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.kernels import layer_norm, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
 from folnet.ops.kernels.device import kernel_device
+from folnet.ops.kernels.residual_norm import why_not as fused_norm_why_not
 from folnet.tracing import traced
 
 
@@ -102,6 +107,7 @@ class DualStreamLayer(nn.Module):
         self._letters = {(key, layout): self._letters_of(key, layout)
                          for key in self.segments for layout in ("cl", "cf")}
         self._query = [masks.query_letter(op.spec) for op in self.ops]
+        self._kernel_dropout = cfg.kernel_dropout  # (the config is frozen)
         self._out_pattern = [f"batch {' '.join(op.spec.output)} -> batch "
                              f"{' '.join(op.spec.tokens('output'))} "
                              f"({' '.join(op.spec.channels('output'))})" for op in self.ops]
@@ -111,14 +117,8 @@ class DualStreamLayer(nn.Module):
             for op in self.ops:  # an attention operator rpe* cannot read is refused here
                 check_static_relative(op.spec, cfg.dims)
         # causal layers: where each context tensor sits in its stream's context buffer
-        self.context: dict[Key, int] = {}
-        width = {"U": 0, "B": 0}
-        for i, op in enumerate(self.ops):
-            for role in ROLES:
-                if causal and op.spec.tokens(role)[0] != self._query[i]:
-                    seg = self.segments[i, role]
-                    self.context[i, role] = width[seg.stream]
-                    width[seg.stream] += seg.width
+        self.context, width = (context_offsets(self.ops, self._query, self.segments) if causal
+                               else ({}, {"U": 0, "B": 0}))
         self.width_u, self.width_b = width["U"], width["B"]
         # what a block of query rows reads of each operand, for all operators and for a
         # unary_only call's (fixed per layer: `folnet.arch.layer.memory.block_reach`)
@@ -133,6 +133,10 @@ class DualStreamLayer(nn.Module):
 
     def _norm(self, x: torch.Tensor, width: int) -> torch.Tensor:
         return layer_norm(x, width, self.cfg.layer_norm_eps)
+
+    def norm_unary(self, u1: torch.Tensor) -> torch.Tensor:
+        """LN of the unary stream (B, Q, D1)."""
+        return self._norm(u1, self.cfg.D1)
 
     def norm_binary(self, u2: torch.Tensor) -> torch.Tensor:
         """LN of the binary stream (or of a slab of it: LN is per pair), cast once under CPU
@@ -214,40 +218,8 @@ class DualStreamLayer(nn.Module):
 
     def take_context(self, parts: Parts, keep: torch.Tensor | None, hook: ContextHook
                      ) -> tuple[Parts, Premasked]:
-        """Hand the rows' context channels to ``hook``; returns the operands read from the
-        buffers it gives back, and which of them are premasked. Operators this call skips (a
-        ``unary_only`` layer's binary-output ones) have no projections in ``parts``: their
-        channels go to the hook as zeros (the buffers keep one layout), or not at all when no
-        operator of a stream reads context, and none is read back."""
-        own = {}
-        for stream in STREAMS:
-            keys = [k for k in self.context if self.segments[k].stream == stream]
-            present = [k for k in keys if k in parts]
-            if present:  # (B, Q, [n,] W) in context order
-                channels = {k: self.segments[k].channels for k in keys}
-                first = parts[present[0]].tensor
-                lead = first.shape[: first.ndim - len(channels[present[0]])]
-                own[stream] = torch.cat([
-                    parts[k].tensor.flatten(-len(channels[k])) if k in parts
-                    else first.new_zeros(*lead, self.segments[k].width)
-                    for k in keys], -1)
-        if "B" in own:
-            own["B"] = own["B"] * keep  # (B, Q, n, Wb): the pairs the rows see
-        buffers = hook(own.get("U"), own.get("B"))
-        if buffers is None:
-            return {}, {}
-        taken: Parts = {}
-        premasked: dict[int, frozenset[str]] = {}
-        for (i, role), start in self.context.items():
-            if (i, role) not in parts:
-                continue
-            seg, spec = self.segments[i, role], self.ops[i].spec
-            buf = buffers[STREAMS.index(seg.stream)]  # (B, n, [n,] W)
-            t = buf.narrow(-1, start, seg.width).unflatten(-1, seg.channels)
-            taken[i, role] = Operand(t, natural(spec.tensor(role)))
-            if seg.stream == "B" and (role == "premise" or spec.activation != "softmax"):
-                premasked[i] = premasked.get(i, frozenset()) | {role}
-        return taken, premasked
+        """The context hand-off of this call's rows (`folnet.arch.layer.context`)."""
+        return take_context(self.context, self.segments, self.ops, parts, keep, hook)
 
     # -- the layer ---------------------------------------------------------------------------------
     def forward(self, u1: torch.Tensor, u2: torch.Tensor, domain: Domain, *,
@@ -260,20 +232,13 @@ class DualStreamLayer(nn.Module):
         the mixer and the binary FFN in blocks of query rows (`folnet.arch.layer.memory`), but
         for a call that asks for ``attentions``: that dict gets each softmax operator's
         activated kernel over the whole square, by symbol."""
-        cfg = self.cfg
-        n1 = self._norm(u1, cfg.D1)
         call = self.begin(u2, domain, context, unary_only, attentions)
-        if not call.recompute:
-            u1, u2 = mix(self, call, u1, u2, n1, self.norm_binary(u2))
-        else:  # blocks without a context hand-off normalise their own slabs of u2 (no
-            # normalised square made, nor saved for the backward pass)
-            u1, u2 = mix_blocks(self, call, u1, u2, n1,
-                                None if context is None else self.norm_binary(u2))
-        drop_u = Residual.draw(u1, call.p)
-        u1 = drop_u.add(u1, self.ffn_u(self._norm(u1, cfg.D1)))
+        u1, u2, n2 = (mix_blocks if call.recompute else mix)(self, call, u1, u2)
+        u1 = self.unary_ffn_stage(u1, call)
         if unary_only:
             return u1, None
-        return u1, self.binary_ffn_stage(u2, call)
+        return u1, (self.binary_ffn_stage(u2, call, n2) if call.ffn_rows is None
+                    else ffn_blocks(self, call, u2))
 
     def begin(self, u2: torch.Tensor, domain: Domain,
               context: ContextHook | None, unary_only: bool,
@@ -292,6 +257,12 @@ class DualStreamLayer(nn.Module):
             (r0, min(count, r0 + step)) for r0 in range(0, count, step))
         dtype = autocast_dtype(u2.device)  # the normalised stream's: its operators' calls
         like = u2 if dtype is None else u2.new_empty((), dtype=dtype)
+        # one pass for the mixer's binary residual and the FFN's norm: a whole bidirectional
+        # square whose FFN runs (`folnet.ops.kernels.residual_norm.why_not` says the rest)
+        fuse = (rows["mixer"] is None and rows["ffn"] is None and domain.rows is None
+                and not unary_only and fused_norm_why_not(
+                    u2, u2, causal=domain.causal,
+                    p=self.cfg.dropout if self.training else 0.0) is None)
         return LayerCall(domain=domain, dispatch=self.dispatch(like, domain, unary_only),
                          visible=domain.keep(), spans=spans,
                          ffn_rows=rows["ffn"] if domain.rows is None else None,
@@ -300,32 +271,24 @@ class DualStreamLayer(nn.Module):
                          recompute=rows["mixer"] is not None,
                          release_heap=(rows["mixer"] is not None
                                        and releases_heap(self.memory_mode,
-                                                         kernel_device(u2.device))))
+                                                         kernel_device(u2.device))),
+                         fuse_norm=fuse)
 
-    def binary_ffn_stage(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
+    def unary_ffn_stage(self, u1: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        """The unary Boolean stage as its equation, ``u1 + drop(ffn_u(LN u1))`` on u1
+        (B, Q, D1)."""
+        return Residual.draw(u1, call.p).add(u1, self.ffn_u(self.norm_unary(u1)))
+
+    def binary_ffn_stage(self, u2: torch.Tensor, call: LayerCall,
+                         n2: torch.Tensor | None = None) -> torch.Tensor:
         """The binary Boolean stage as its equation, ``u2 + drop(ffn_b(LN u2))`` on u2
-        (B, Q, n, D2); query rows of a longer domain pass their transposed input. A full
-        square may instead run in blocks of rows (`binary_ffn_blocks`)."""
-        if call.ffn_rows is not None:
-            return self.binary_ffn_blocks(u2, call)
+        (B, Q, n, D2); ``n2``: LN u2 made already (the mixer's fused norm). Query rows of a
+        longer domain pass their transposed input. (Long inputs on a CPU run it in blocks of
+        rows instead: `folnet.arch.layer.row_blocks.ffn_blocks`.)"""
         drop_b = Residual.draw(u2, call.p)
-        n2 = self._norm(u2, self.cfg.D2)
+        n2 = self._norm(u2, self.cfg.D2) if n2 is None else n2
         u2 = drop_b.add(u2, self.ffn_b(n2, call.domain.transposed(n2)))
-        return u2 if call.visible is None else u2 * call.visible
-
-    def binary_ffn_blocks(self, u2: torch.Tensor, call: LayerCall) -> torch.Tensor:
-        """`binary_ffn_stage` over a full square (bidirectional or causal: u2 is masked, so its
-        transpose is n2's) in blocks of ``call.ffn_rows`` rows, each recomputed in the backward
-        pass: the residual dropout applied inside them (the mask drawn first, as for the whole,
-        and drawn again per block by the backward pass) and the LayerNorm to each block's
-        slabs, so that no normalised square is made or kept."""
-        rows, count = call.ffn_rows, u2.shape[1]
-        drop_b = Residual.draw(u2, call.p, spans=[(r0, min(count, r0 + rows))
-                                                  for r0 in range(0, count, rows)])
-        update = self.ffn_b.blocks(u2, rows, keep=drop_b.mask, p=drop_b.p,
-                                   eps=self.cfg.layer_norm_eps, redrawn=drop_b.rows)
-        u2 = drop_b.add(u2, update, applied=True)
-        return u2 if call.visible is None else u2 * call.visible
+        return u2 if call.visible is None else u2 * call.visible  # causal: kept triangular
 
     def _wanted(self, unary_only: bool) -> tuple[int, ...]:
         """The slots a call runs: all, or (``unary_only``) the unary-output operators."""
@@ -357,7 +320,7 @@ class DualStreamLayer(nn.Module):
         """Every wanted operator on its kernel and premise: {stream: [(B, Q[, n], width)]};
         ``attentions`` (a dict) also gets each softmax operator's activated kernel."""
         cfg = self.cfg
-        p = cfg.kernel_dropout if self.training else 0.0
+        p = self._kernel_dropout if self.training else 0.0
         outs: dict[str, list[torch.Tensor]] = {"U": [], "B": []}
         for i in dispatch.wanted:
             slot, op = self.slots[i], self.ops[i]

@@ -1,44 +1,31 @@
-"""The layer's mixer stage, two ways: `mix`, the stage as its equation over the whole square
-(plain autograd ops: what every short input, a GPU and torch.compile run), and `mix_blocks`,
-the same stage over blocks of query rows, each recomputed in the backward pass -- the CPU's
-long-sequence memory modes (`folnet.arch.layer.memory` decides when). Both give the same
-outputs (tests/arch/test_blocked_models.py).
+"""The layer's mixer stage as its equation over the whole square: for each stream s that its
+operators write, ``u_s + drop(W_s [op(K, v) for each operator])``, every kernel K and premise v
+a projection of the normalised streams LN(u1), LN(u2). Plain autograd ops throughout: what
+every short input, a GPU and torch.compile run (one graph). The same stage over recomputed
+blocks of query rows -- the CPU's long-sequence memory modes -- is `folnet.arch.layer.row_blocks`'s
+runner, which this stage does not know about; both give the same outputs
+(tests/arch/test_blocked_models.py). What a call decides before it computes anything is one
+`LayerCall`, and each residual update's dropout one `Residual`: the values the stages and the
+runner are handed, by name.
 
-A block of rows r0:r1 reads what the operator specs say it needs (`block_reach`, fixed per
-layer): a tensor whose first token is the operator's query letter is projected from the
-block's row slab (of n1 or n2), a binary one whose last token is (``c``'s premise,
-bidirectionally) from its column slab, every other one (``t``'s premise, unary premises) once
-for all rows -- by the recomputed function's prologue, span by span, or, when a causal layer
-hands them to a context hook (its context channels), before it. Every reduction runs along a
-row's columns, so each block's softmax is exact: blocks give the whole square's outputs.
-
-In blocks (`folnet.ops.kernels.recompute`) a block's projections, kernels and premises (N2
-channels per pair) are alive for that block only; the binary update's residual dropout is
-applied inside the blocks, so that the gradient they receive is the residual's own, not a
-second full-size tensor, and (without a context hand-off) the blocks normalise their own slabs
-of u2, so that what the recomputed function saves is u2 -- the layer's input, kept anyway --
-not a normalised copy of the square.
-
-Key to shapes: B batch, Q query rows, R a block's rows, n tokens of the domain, D1/D2 stream
-widths, M1 concatenated unary outputs.
+Key to shapes: B batch, Q query rows, n tokens of the domain, D1/D2 stream widths, M1
+concatenated unary outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from folnet.arch.layer.dispatch import Dispatch, Key, Mixer, Parts, Premasked
+from folnet.arch.layer.dispatch import Dispatch, Mixer, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
-from folnet.libc import release_free_memory
-from folnet.ops import Operand
 from folnet.ops.kernels import dropout_add, keep_mask
 from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale, native
-from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
+from folnet.ops.kernels.residual_norm import residual_norm
 
-__all__ = ["LayerCall", "Residual", "mix", "mix_blocks"]
+__all__ = ["LayerCall", "Residual", "mix", "project_all", "writes"]
 
 
 @dataclass(frozen=True)
@@ -94,67 +81,20 @@ class LayerCall:
     p: float  # the residual dropout rate (0 in eval)
     recompute: bool  # the blocks recomputed in the backward pass (the memory mode's choice)
     release_heap: bool = False  # they return the heap's free pages ("tight", on a CPU)
+    # the mixer's binary residual and the binary FFN's LayerNorm as one fused op
+    # (`folnet.ops.kernels.residual_norm`: its why_not said None)
+    fuse_norm: bool = False
 
 
-@dataclass(frozen=True)
-class Shared:
-    """The operands every block reads whole, by key, with their index letters; how they reach
-    the blocks: made span by span by ``prologue`` (then ``given`` is empty), or made before
-    and passed in as inputs of those names (a causal layer's context channels, which its hook
-    must see); and which of them are premasked. It holds no tensor: the blocks' function
-    keeps it until its backward pass, and under activation checkpointing that is also the
-    first forward's function -- a tensor held here would outlive the checkpoint's free."""
-
-    letters: dict[Key, tuple[str, ...]]
-    given: tuple[Key, ...]
-    prologue: Prologue | None
-    premasked: Premasked
-
-    def operands(self, block: Block) -> Parts:
-        """The shared operands as one block receives them (with their gradient sinks in the
-        backward pass, when the prologue made them)."""
-        given = block.made if self.prologue is not None else {k: block.inputs[k]
-                                                              for k in self.given}
-        sinks = block.sinks or {}
-        return {k: Operand(t, self.letters[k], sink=sinks.get(k)) for k, t in given.items()}
+def writes(layer: Mixer, call: LayerCall) -> set[str]:
+    """The streams the call's operators write ("U", "B")."""
+    return {layer.slots[i].spec.typing.output for i in call.dispatch.wanted}
 
 
-def _shared(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor | None, call: LayerCall,
-            common: list[Key], norm: Callable[[torch.Tensor], torch.Tensor]
-            ) -> tuple[Shared, dict[Key, torch.Tensor]]:
-    """How the blocks get the operands ``common`` they read whole, and the tensors handed in
-    for them. Without a context hook a prologue makes them span by span inside the recomputed
-    function (nothing handed in); a causal layer's hook must see them (its context channels),
-    so they are made here and handed in."""
-    dispatch = call.dispatch
-    if call.context is None:
-        letters = {k: layer.letters(k, dispatch.layouts[k]) for k in common}
-        # each made tensor's row axis: after the channels of a channels-first one
-        dims = {k: 1 + (len(layer.segments[k].channels)
-                        if dispatch.layouts[k] == "cf" else 0) for k in common}
-
-        def rows_of(block: Block) -> dict[Key, torch.Tensor]:  # rows r0:r1 of each
-            parts = layer.project(block.slabs["n1 rows"], norm(block.slabs["n2 rows"]),
-                                  dispatch, common)
-            return {k: parts[k].tensor for k in common}
-
-        return Shared(letters, (), Prologue(rows_of, dims) if common else None, {}), {}
-    parts = layer.project(n1, n2, dispatch, common)
-    taken, premasked = layer.take_context(parts, call.visible, call.context)
-    parts.update(taken)
-    return (Shared({k: op.letters for k, op in parts.items()}, tuple(parts), None, premasked),
-            {k: op.tensor for k, op in parts.items()})
-
-
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    """A slab of the normalised stream as the projections read it (one copy, one block's)."""
-    return t.contiguous()
-
-
-def _whole(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
-           ) -> tuple[Parts, Premasked]:
-    """The one block of all rows: every operand projected in one pass over each stream, and
-    the context hand-off made from them."""
+def project_all(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
+                ) -> tuple[Parts, Premasked]:
+    """Every operand of the call projected in one pass over each normalised stream, and the
+    context hand-off made from them (a causal layer's, when the call has a hook)."""
     parts = layer.project(n1, n2, call.dispatch, call.dispatch.keys())
     if call.context is None:
         return parts, {}
@@ -163,94 +103,24 @@ def _whole(layer: Mixer, n1: torch.Tensor, n2: torch.Tensor, call: LayerCall
     return parts, premasked
 
 
-def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor, n1: torch.Tensor,
-        n2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mixer stage over the whole square, as its equation: for each stream s it writes,
-    ``u_s + drop(W_s [op(K, v) for each operator])``, with every kernel K and premise v a
-    projection of the normalised streams ``n1`` = LN(u1), ``n2`` = LN(u2) -- u1 (B, Q, D1),
-    u2 (B, Q, n, D2) in, both updated out. Plain autograd ops throughout (one graph under
-    torch.compile); `mix_blocks` runs the same stage in recomputed blocks of rows."""
-    dispatch, domain = call.dispatch, call.domain
-    writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
-    drop_u = Residual.draw(u1, call.p, "U" in writes)
-    drop_b = Residual.draw(u2, call.p, "B" in writes)  # (B, Q, n, D2)
-    parts, premasked = _whole(layer, n1, n2, call)
-    outs = layer.operate(parts, dispatch, domain, premasked, call.attentions)
-    mixed_u, update = layer.updates(outs, domain)  # (B, Q, M1), (B, Q, n, D2)
+def mix(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """u1 (B, Q, D1), u2 (B, Q, n, D2) -> both after the mixer's residual updates, and LN of
+    the new u2 when the call fuses the binary residual with that norm (``call.fuse_norm``:
+    the binary FFN reads it), else None."""
+    streams = writes(layer, call)
+    drop_u = Residual.draw(u1, call.p, "U" in streams)
+    fused = call.fuse_norm and "B" in streams
+    drop_b = Residual.draw(u2, call.p, "B" in streams and not fused)
+    parts, premasked = project_all(layer, layer.norm_unary(u1), layer.norm_binary(u2), call)
+    outs = layer.operate(parts, call.dispatch, call.domain, premasked, call.attentions)
+    mixed_u, update = layer.updates(outs, call.domain)  # (B, Q, M1), (B, Q, n, D2)
     if mixed_u is not None:
         u1 = drop_u.add(u1, layer.out_u(mixed_u))
+    if update is not None and fused:  # u2 + drop(update) and its LN in one pass
+        return (u1, *residual_norm(u2, update, call.p, layer.cfg.layer_norm_eps))
     if update is not None:
         u2 = drop_b.add(u2, update)
-        if call.visible is not None:
+        if call.visible is not None:  # a causal layer keeps its binary atoms triangular
             u2 = u2 * call.visible
-    return u1, u2
-
-
-def mix_blocks(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor,
-               n1: torch.Tensor, n2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mixer stage of `mix` in ``call.spans``, each block of rows recomputed in the backward
-    pass (`folnet.ops.kernels.recompute`); the same outputs. ``n2`` None (no context hand-off):
-    the blocks normalise their own slabs of u2, so that no normalised square is made or kept,
-    and add the binary residual themselves."""
-    dispatch, domain = call.dispatch, call.domain
-    writes = {layer.slots[i].spec.typing.output for i in dispatch.wanted}
-    drop_u = Residual.draw(u1, call.p, "U" in writes)
-    # (B, Q, n, D2), drawn over the spans: their backward draws their rows of it again rather
-    # than keeping it
-    drop_b = Residual.draw(u2, call.p, "B" in writes, call.spans)
-    # what the blocks read of the binary stream, and how they normalise what they read
-    binary, norm = (u2, layer.norm_binary) if n2 is None else (n2, _contiguous)
-    reach = layer.reach(dispatch.wanted)
-    folded = [k for k in reach["all"] if dispatch.layouts[k] == "fold"]  # read whole n2
-    shared, handed = _shared(layer, n1, n2, call, [k for k in reach["all"] if k not in folded],
-                             norm)
-    rate = drop_b.p  # what the blocks read of the residual's dropout: its mask comes as a slab
-    # (Q,) the rows' domain positions, sliced per block
-    at = domain.rows if domain.rows is not None else torch.arange(u2.shape[1],
-                                                                   device=u2.device)
-
-    def block(b: Block) -> dict[str, torch.Tensor]:
-        parts = shared.operands(b)
-        if folded:  # (B, Q, n, D2) whole, normalised again per block when lean
-            whole = norm(b.inputs["n2"])
-            parts.update({k: layer.folded(k, whole) for k in folded})
-        # one contiguous (normalised) copy of each slab, one block's worth: (B, R, D1),
-        # (B, R, n, D2), (B, n, R, D2)
-        parts.update(layer.project(b.slabs["n1 rows"], norm(b.slabs["n2 rows"]), dispatch,
-                                   reach["row"]))
-        if reach["col"]:
-            parts.update(layer.project(None, norm(b.slabs["n2 cols"]), dispatch, reach["col"]))
-        rel = None if domain.rel_ids is None else domain.rel_ids.narrow(1, b.r0, b.r1 - b.r0)
-        sub = Domain(n=domain.n, pad=domain.pad, visible=domain.visible, rows=at[b.r0 : b.r1],
-                     rel_ids=rel)
-        mixed_u, update = layer.updates(layer.operate(parts, dispatch, sub, shared.premasked),
-                                        sub)
-        if update is not None:  # (B, R, n, D2)
-            update = Residual.inside(update, b.slabs.get("drop"), rate)
-        return {name: t for name, t in (("unary", mixed_u), ("binary", update))
-                if t is not None}
-
-    # "n2": n2, or u2 when the blocks normalise it (then the recomputed function saves only
-    # u2, which the layer keeps anyway, not a normalised copy of the square)
-    inputs: dict = {"n1": n1, "n2": binary, **handed}
-    # n1's and n2's row slabs, n2's column slab on a full square (whose columns are its rows;
-    # query rows of a longer domain are causal, whose operators' causal form reads no column
-    # slab: that slab then goes unread)
-    slabs = {"n1 rows": Slab("n1", 1), "n2 rows": Slab("n2", 1),
-             "n2 cols": Slab("n2", 2 if domain.rows is None else 1)}
-    # lean blocks read u2 itself: its residual is added inside the recomputed function, whose
-    # backward then sums u2's gradient into the update's incoming one (one square, not two)
-    inside = {"binary": "n2"} if n2 is None and "B" in writes else {}
-    if drop_b.mask is not None:
-        inputs["drop"], slabs["drop"] = drop_b.mask, Slab("drop", 1)
-    redrawn = {} if drop_b.rows is None else {"drop": drop_b.rows}
-    outs = recompute_blocks(block, call.spans, inputs, list(layer.parameters()), slabs,
-                            shared.prologue, inside, redrawn,
-                            release=release_free_memory if call.release_heap else None)
-    if "unary" in outs:  # (B, Q, M1)
-        u1 = drop_u.add(u1, layer.out_u(outs["unary"]))
-    if "binary" in outs:  # (B, Q, n, D2)
-        u2 = outs["binary"] if inside else drop_b.add(u2, outs["binary"], applied=True)
-        if call.visible is not None:
-            u2 = u2 * call.visible
-    return u1, u2
+    return u1, u2, None

@@ -1,7 +1,7 @@
 """What a block of rows receives from `folnet.ops.kernels.recompute.recompute_blocks`, by name:
 the slabs it reads by rows (`Slab`), what every block reads whole (`Prologue`), and the one
 `Block` each call of the caller's function gets. Kept apart from the recompute machinery,
-which callers (`folnet.arch.layer.mixer`) drive through these types alone."""
+which callers (`folnet.arch.layer.row_blocks`) drive through these types alone."""
 
 from __future__ import annotations
 
