@@ -262,7 +262,7 @@ def test_ctrl_c_before_the_first_step_leaves_nothing(tmp_path, capsys, monkeypat
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(setup_run, "build_model", stop)
+    monkeypatch.setattr(setup_run, "build_pretraining_model", stop)
     out = tmp_path / "run"
     line = one_line(capsys, pretrain_args(out), code=130)
     assert line == "folnet pretrain: interrupted"

@@ -27,7 +27,14 @@ from folnet.arch.models.cache import GenerationCache
 from folnet.arch.models.text import FACTS, Session, TextModel
 from folnet.arch.objectives import lm_loss
 from folnet.arch.outputs import TextOutput, recorded
+from folnet.arch.packed import (
+    check_documents,
+    document_labels,
+    document_positions,
+    document_visibility,
+)
 from folnet.arch.plan import ArchPlan
+from folnet.errors import FolnetError
 
 
 @register_kind("decoder")
@@ -54,21 +61,30 @@ class FolnetDecoderLM(TextModel):
                          checkpointing=self.checkpointing, record=record)
 
     def _domain(self, n: int, pad: torch.Tensor | None, prefix: torch.Tensor | None,
-                device: torch.device):
-        """The domain of n positions, the atoms' positions (B|1, n) and relative ids."""
-        positions = token_positions(pad, n, device)
-        visible = visibility(n, device, prefix, positions=positions)  # (B|1, n, n)
+                device: torch.device, documents: torch.Tensor | None = None):
+        """The domain of n positions, the atoms' positions (B|1, n) and relative ids; packed
+        rows' ``documents`` (B, n) make each piece its own causal block
+        (`folnet.arch.packed`)."""
+        if documents is not None:
+            positions, visible = document_positions(documents), document_visibility(documents)
+        else:
+            positions = token_positions(pad, n, device)
+            visible = visibility(n, device, prefix, positions=positions)  # (B|1, n, n)
         return Domain(n=n, pad=pad, visible=visible), positions, self.rel_ids(positions)
 
     def forward(self, input_ids: torch.Tensor, prefix_lengths: torch.Tensor | int | None = None,
                 labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *,
+                document_ids: torch.Tensor | None = None,
                 output_relations: bool | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> TextOutput:
         """input_ids (B, T) -> next-token logits (B, T, V). ``prefix_lengths`` (B,) makes row
         b's first prefix_lengths[b] tokens see each other; ``labels`` (B, T) (usually the
         input ids, -100 to ignore) gives ``.loss``, the next-token cross-entropy over the
         target positions (after the prefix); ``attention_mask`` (B, T) marks real tokens.
+        ``document_ids`` (B, T) packs several documents in a row, each piece seeing only
+        itself and predicting only its own tokens (`folnet.arch.packed`; not with
+        ``prefix_lengths``, nor left padding: pads come last, with an id of their own).
         ``output_relations``, ``output_hidden_states``, ``output_attentions``: as the
         encoder's (`folnet.arch.models.encoder.FolnetModel.forward`)."""
         values = isinstance(input_ids, torch.Tensor) and values_checked(input_ids, self.validate)
@@ -78,7 +94,14 @@ class FolnetDecoderLM(TextModel):
         prefix = check_prefix(prefix_lengths, B, T, ids.device, values=values)
         if labels is not None:
             check_labels(labels, (B, T))
-        domain, positions, rel = self._domain(T, pad, prefix, ids.device)
+        if document_ids is not None:
+            if prefix is not None:
+                raise FolnetError("document_ids and prefix_lengths cannot be given together: a "
+                                  "packed row's pieces are causal documents of their own")
+            document_ids = check_documents(document_ids, (B, T)).to(ids.device)
+            if labels is not None:
+                labels = document_labels(labels, document_ids)
+        domain, positions, rel = self._domain(T, pad, prefix, ids.device, document_ids)
         relations = self.relations if output_relations is None else bool(output_relations)
         record = Record.asked(output_hidden_states, relations, output_attentions)
         u1, u2 = self._run(ids, domain, positions, rel, relations=relations, record=record)

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from folnet.errors import FolnetError, choices
 from folnet.train.data.checks import canonical_encoding
 
-__all__ = ["OBJECTIVES", "PretrainDataConfig"]
+__all__ = ["KIND_OBJECTIVES", "OBJECTIVES", "PretrainDataConfig"]
 
-#: The sentence-pair objectives: next-sentence or sentence-order prediction.
-OBJECTIVES = ("nsp", "sop")
+#: What each kind of model pretrains on: an encoder, masked tokens with a sentence-pair
+#: objective (next-sentence or sentence-order prediction); a decoder, the next token over
+#: packed documents ("clm", `folnet.train.data.packing`).
+KIND_OBJECTIVES = {"encoder": ("nsp", "sop"), "decoder": ("clm",)}
+OBJECTIVES = tuple(o for objectives in KIND_OBJECTIVES.values() for o in objectives)
 
 
 #: The integer data options' lower bounds, checked here and by the run's options

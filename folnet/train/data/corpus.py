@@ -38,11 +38,12 @@ import json
 import os
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from folnet.atomic_write import atomic_write_dir
@@ -54,6 +55,7 @@ from folnet.train.data.documents import (
     resolve_sources,
     source_signature,
 )
+from folnet.train.data.packing import pack_documents
 from folnet.train.data.pairs import (
     Document,
     Example,
@@ -65,7 +67,8 @@ from folnet.train.data.pairs import (
 from folnet.train.data.streaming import StreamingPretrainingDataset
 from folnet.train.data.tokenizer import FolnetTokenizer
 
-__all__ = ["PretrainingDataset", "build_pretraining_dataset"]
+__all__ = ["PackedDataset", "PretrainingDataset", "build_packed_dataset",
+           "build_pretraining_dataset"]
 
 _CACHE_FORMAT = 2  # bump when the on-disk layout or the pairing algorithm changes
 
@@ -238,6 +241,46 @@ def _tokenised_corpus(
     }
 
 
+def _where(source: CorpusSource) -> str:
+    """The corpus as an error message names it."""
+    if isinstance(source, (str, os.PathLike)):
+        return repr(str(source))
+    return repr([str(s) for s in source])
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """Where a corpus's tokenised sentences are cached: its key (the sources, the options that
+    read them and the tokenizer) and the cache's root (None: no cache)."""
+
+    key: str
+    signature: Any
+    root: Path | None
+
+    @classmethod
+    def of(cls, parts: list[tuple[str, Path | None]], tokenizer: FolnetTokenizer,
+           config: PretrainDataConfig) -> _Corpus:
+        signature = source_signature(
+            parts, kinship_documents=config.kinship_documents, seed=config.seed,
+            text_column=config.text_column, encoding=config.encoding,
+        )
+        root = Path(config.cache_dir).expanduser() if config.cache_dir is not None else None
+        return cls(_key("corpus", _CACHE_FORMAT, signature, tokenizer.fingerprint), signature,
+                   root)
+
+    def tokens(self, parts: list[tuple[str, Path | None]], tokenizer: FolnetTokenizer,
+               config: PretrainDataConfig) -> tuple[dict[str, np.ndarray], str]:
+        """The tokenised corpus (from the cache, or made and saved) and what the cache gave:
+        "corpus" (reused), "miss" (made and saved) or "disabled" (no cache)."""
+        directory = self.root / f"corpus-{self.key}" if self.root else None
+        loaded = _load(directory, ("tokens", "sentences", "documents"))
+        if loaded is not None:
+            return loaded[0], "corpus"
+        corpus = _tokenised_corpus(parts, tokenizer, config)
+        _save(directory, corpus, {"source": self.signature, "tokenizer": tokenizer.fingerprint})
+        return corpus, "miss" if self.root else "disabled"
+
+
 def build_pretraining_dataset(
     source: CorpusSource,
     tokenizer: FolnetTokenizer,
@@ -251,21 +294,11 @@ def build_pretraining_dataset(
     parts = resolve_sources(source)  # raises on missing/empty/unknown paths before any work
     if config.streaming:
         return StreamingPretrainingDataset(source, tokenizer, config)
-    where = (
-        repr(str(source))
-        if isinstance(source, (str, os.PathLike))
-        else repr([str(s) for s in source])
-    )
-    signature = source_signature(
-        parts, kinship_documents=config.kinship_documents, seed=config.seed,
-        text_column=config.text_column, encoding=config.encoding,
-    )
-    corpus_key = _key("corpus", _CACHE_FORMAT, signature, tokenizer.fingerprint)
+    where = _where(source)
+    corpus = _Corpus.of(parts, tokenizer, config)
     pair_fields = (config.seq_len, config.objective, config.short_seq_prob, config.seed)
-    examples_key = _key("examples", _CACHE_FORMAT, corpus_key, *pair_fields)
-    root = Path(config.cache_dir).expanduser() if config.cache_dir is not None else None
-    corpus_dir = root / f"corpus-{corpus_key}" if root else None
-    examples_dir = root / f"examples-{examples_key}" if root else None
+    examples_key = _key("examples", _CACHE_FORMAT, corpus.key, *pair_fields)
+    examples_dir = corpus.root / f"examples-{examples_key}" if corpus.root else None
     names = ("tokens", "offsets", "len_a", "labels")
 
     def dataset(arrays: dict[str, np.ndarray], status: str, documents: int) -> PretrainingDataset:
@@ -278,20 +311,73 @@ def build_pretraining_dataset(
         count = cached[1].get("num_documents")  # informational: 0 when unreadable
         return dataset(cached[0], "examples", count if isinstance(count, int) else 0)
 
-    loaded = _load(corpus_dir, ("tokens", "sentences", "documents"))
-    status = "corpus" if loaded is not None else ("miss" if root else "disabled")
-    if loaded is not None:
-        corpus = loaded[0]
-    else:
-        corpus = _tokenised_corpus(parts, tokenizer, config)
-        _save(corpus_dir, corpus, {"source": signature, "tokenizer": tokenizer.fingerprint})
-    documents = _documents_from_arrays(corpus)
+    tokens, status = corpus.tokens(parts, tokenizer, config)
+    documents = _documents_from_arrays(tokens)
     _check_usable(documents, config, where)
-    arrays = _build_examples(documents, config, corpus["tokens"].dtype)
-    meta = {"config": asdict(config), "num_documents": len(documents), "corpus": corpus_key}
+    arrays = _build_examples(documents, config, tokens["tokens"].dtype)
+    meta = {"config": asdict(config), "num_documents": len(documents), "corpus": corpus.key}
     _save(examples_dir, arrays, meta)
     saved = _load(examples_dir, names)
     if saved is not None:  # serve the memory-mapped copy: same data, less RAM
         arrays = saved[0]
     return dataset(arrays, status, len(documents))
 
+
+
+# -- a decoder's packed rows -------------------------------------------------------------------
+
+
+class PackedDataset(Dataset):
+    """A decoder's pretraining rows: the corpus's documents packed end to end
+    (`folnet.train.data.packing`), each row ``input_ids``, ``document_ids`` and
+    ``attention_mask`` (seq_len,); `cache_status` as `PretrainingDataset`'s, "rows" when the
+    rows came from the cache."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], *, cache_status: str,
+                 num_documents: int) -> None:
+        self.ids, self.documents = arrays["ids"], arrays["documents"]  # (N, T) each
+        self.lengths = arrays["lengths"]  # (N,) real tokens of each row
+        self.cache_status, self.num_documents = cache_status, num_documents
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> Example:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"row index {index} out of range for {len(self)} rows")
+        ids = torch.from_numpy(np.asarray(self.ids[index], dtype=np.int64))
+        mask = torch.arange(ids.shape[0]) < int(self.lengths[index])
+        return {"input_ids": ids, "attention_mask": mask.long(),
+                "document_ids": torch.from_numpy(np.asarray(self.documents[index],
+                                                            dtype=np.int64))}
+
+
+def build_packed_dataset(source: CorpusSource, tokenizer: FolnetTokenizer,
+                         config: PretrainDataConfig | None = None) -> PackedDataset:
+    """Tokenise `source` (the cache shared with `build_pretraining_dataset`) and pack its
+    documents, each ending in [SEP], into rows of ``config.seq_len``; cached as its own entry."""
+    config = config or PretrainDataConfig(objective="clm")
+    parts = resolve_sources(source)
+    corpus = _Corpus.of(parts, tokenizer, config)
+    rows_dir = (corpus.root / f"rows-{_key('rows', _CACHE_FORMAT, corpus.key, config.seq_len)}"
+                if corpus.root else None)
+    names = ("ids", "documents", "lengths")
+    cached = _load(rows_dir, names)
+    if cached is not None:
+        count = cached[1].get("num_documents")
+        return PackedDataset(cached[0], cache_status="rows",
+                             num_documents=count if isinstance(count, int) else 0)
+    tokens, status = corpus.tokens(parts, tokenizer, config)
+    documents = _documents_from_arrays(tokens)
+    rows = list(pack_documents((np.concatenate(d) for d in documents if d), config.seq_len,
+                               end=tokenizer.sep_id, pad=tokenizer.pad_id))
+    if not rows:
+        raise FolnetError(f"corpus {_where(source)} holds no token to pack")
+    arrays = {"ids": np.stack([r[0] for r in rows]).astype(tokens["tokens"].dtype),
+              "documents": np.stack([r[1] for r in rows]).astype(np.int32),
+              "lengths": np.asarray([r[2] for r in rows], dtype=np.int32)}
+    _save(rows_dir, arrays, {"seq_len": config.seq_len, "num_documents": len(documents),
+                             "corpus": corpus.key})
+    saved = _load(rows_dir, names)
+    return PackedDataset(saved[0] if saved is not None else arrays, cache_status=status,
+                         num_documents=len(documents))

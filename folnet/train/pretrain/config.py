@@ -29,7 +29,12 @@ from folnet.ops.registry import ensure_registered, read_operator_file
 from folnet.ops.spec import parse_spec, spec_to_dict
 from folnet.read_files import read_json
 from folnet.train.data.checks import canonical_encoding
-from folnet.train.data.config import DATA_AT_LEAST, OBJECTIVES, PretrainDataConfig
+from folnet.train.data.config import (
+    DATA_AT_LEAST,
+    KIND_OBJECTIVES,
+    OBJECTIVES,
+    PretrainDataConfig,
+)
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.memory import parse_budget
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
@@ -91,6 +96,8 @@ class PretrainConfig(Options):
     """All options of a pretraining run (see the module docstring for precedence)."""
 
     ops: str = option("jmc.atp", "operator string of the architecture")
+    kind: str = option("encoder", "what to pretrain: encoder (MLM with --objective nsp or sop) "
+                       "or decoder (the next token over packed documents: --objective clm)")
     operators: tuple[tuple[tuple[str, Any], ...], ...] = option(
         (), "a TOML file of your own operators ([[operator]] tables, as "
             "folnet/specs/operators.toml), usable in --ops; recorded in run_config.json",
@@ -116,7 +123,8 @@ class PretrainConfig(Options):
                                          "train one on the corpus")
     vocab_size: int = option(32768, "vocabulary size when training the tokenizer")
     seq_len: int = _data_option("seq_len", "tokens per sequence")
-    objective: str = _data_option("objective", "sentence-pair objective: nsp or sop")
+    objective: str = _data_option("objective", "an encoder's sentence-pair objective, nsp "
+                                  "or sop; a decoder's, clm (the next token)")
     mlm_probability: float = _data_option("mlm_probability", "share of tokens chosen for MLM")
     max_predictions: int = _data_option("max_predictions",
                                         "at most this many MLM targets per sequence")
@@ -179,13 +187,22 @@ class PretrainConfig(Options):
                              ("grad_accum", 1), ("steps", 1), ("log_every", 1),
                              ("save_every", 1), ("keep_last", 1), ("num_workers", 0),
                              ("max_bad_steps", 1)))
-        self.check_choices((("objective", OBJECTIVES), ("optimizer", OPTIMIZERS),
+        self.check_choices((("kind", tuple(KIND_OBJECTIVES)), ("objective", OBJECTIVES),
+                            ("optimizer", OPTIMIZERS),
                             ("schedule", SCHEDULES), ("precision", PRECISIONS),
                             ("memory_mode", MEMORY_MODES)))
         self.check_within((("mlm_probability", 0.0, 1.0, True),
                            ("warmup_ratio", 0.0, 1.0, False), ("min_lr_ratio", 0.0, 1.0, False),
                            ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))
         self.check_non_negative(("lr", "power", "weight_decay", "eps", "clip_norm"))
+        if self.objective not in KIND_OBJECTIVES[self.kind]:
+            wanted = " or ".join(KIND_OBJECTIVES[self.kind])
+            raise FolnetError(f"--objective {self.objective} is not a{'n' * (self.kind[0] in 'ae')}"
+                              f" {self.kind}'s: --kind {self.kind} pretrains with --objective "
+                              f"{wanted}")
+        if self.kind == "decoder" and self.streaming:
+            raise FolnetError("--streaming makes an encoder's sentence pairs; a decoder's packed "
+                              "rows come from the tokenised corpus (drop --streaming)")
         canonical_encoding(self.encoding, "--encoding")
         parse_budget(self.memory_budget)
         if self.power == 0.0:

@@ -2,18 +2,19 @@
 
 The estimate is made on a meta-device copy of the run's model (no memory, ~0.1 s): the
 `folnet.arch.info` count of what autograd saves per sequence, in the memory mode the layers
-will run at this length, plus the MLM head's logits at the predicted positions.
+will run at this length, plus the head's logits: an encoder's at the predicted positions, a
+decoder's at every position (a decoder's layers are counted on an encoder of the same shape).
 """
 
 from __future__ import annotations
 
 import torch
 
-from folnet.arch import build_model
 from folnet.arch.info import saved_bytes
 from folnet.arch.layer.memory import auto_blocks
 from folnet.train.engine.memory import Fit, StepMemory, fit_batch, resolve_budget
 from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.pretrain.inputs import build_pretraining_model
 
 __all__ = ["fit_pretraining_batch", "pretraining_step_memory"]
 
@@ -22,8 +23,10 @@ def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: tor
                             ) -> StepMemory:
     """`StepMemory` of one pretraining step of ``config``'s model on ``device``."""
     with torch.device("meta"):
-        model = build_model(config.ops, preset=config.preset, head="pretraining",
-                            vocab_size=vocab_size, **config.model_overrides)
+        # a decoder's layers save what an encoder's of the same shape save, plus a visibility
+        # matrix per sequence (small beside the square): counted on the encoder
+        model = build_pretraining_model(config.replace(kind="encoder", objective="nsp"),
+                                        vocab_size)
     # the layers' mode on the run's device ("tight" saves what "blocked" saves: the inputs of
     # each recomputed stage)
     mode = config.memory_mode
@@ -31,8 +34,10 @@ def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: tor
         mode = "blocked" if auto_blocks(config.seq_len, device.type) else "full"
     saved = saved_bytes(model, config.seq_len, mode)
     parameters = sum(p.numel() for p in model.parameters())
-    # MLM logits at the predicted positions, their softmax and gradient: [P, V] float32 x 3
-    head = 3 * 4 * config.max_predictions * vocab_size
+    # the logits, their softmax and gradient, float32 x 3: an encoder's at the predicted
+    # positions [P, V], a decoder's at every position [T, V]
+    rows = config.seq_len if config.kind == "decoder" else config.max_predictions
+    head = 3 * 4 * rows * vocab_size
     return StepMemory.of(saved, head, parameters, device)
 
 

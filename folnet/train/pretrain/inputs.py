@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from folnet.arch import build_model
 from folnet.errors import FolnetError
 from folnet.train.data.config import PretrainDataConfig
-from folnet.train.data.corpus import build_pretraining_dataset
+from folnet.train.data.corpus import build_packed_dataset, build_pretraining_dataset
 from folnet.train.data.documents import iter_documents, resolve_sources
 from folnet.train.data.masking import PretrainingCollator
 from folnet.train.data.sources import check_texts
@@ -29,7 +29,8 @@ from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_t
 from folnet.train.engine.distributed import DistContext, GlobalBatchSampler, barrier
 from folnet.train.pretrain.config import PretrainConfig
 
-__all__ = ["check_inputs", "micro_batches", "run_dataset", "run_tokenizer"]
+__all__ = ["build_pretraining_model", "check_inputs", "micro_batches", "run_dataset",
+           "run_tokenizer"]
 
 T = TypeVar("T")
 
@@ -55,10 +56,19 @@ def check_inputs(config: PretrainConfig, tokenizer_from: Path | None) -> None:
             raise FolnetError(f"--tokenizer: {exc}") from None
     try:
         with torch.device("meta"):
-            build_model(config.ops, preset=config.preset, head="pretraining",
-                        vocab_size=vocab_size, **config.model_overrides)
+            build_pretraining_model(config, vocab_size)
     except FolnetError as exc:
         raise FolnetError(f"{exc} (the model comes from --ops, --preset and --model)") from None
+
+
+def build_pretraining_model(config: PretrainConfig, vocab_size: int) -> torch.nn.Module:
+    """The model ``config`` pretrains: an encoder with the MLM and NSP/SOP heads, or a
+    decoder (its LM head)."""
+    if config.kind == "decoder":
+        return build_model(config.ops, preset=config.preset, kind="decoder",
+                           vocab_size=vocab_size, **config.model_overrides)
+    return build_model(config.ops, preset=config.preset, head="pretraining",
+                       vocab_size=vocab_size, **config.model_overrides)
 
 
 def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,
@@ -107,14 +117,13 @@ def run_dataset(config: PretrainConfig, tokenizer: FolnetTokenizer, out: Path,
         seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
         streaming=config.streaming, kinship_documents=config.kinship_documents,
         text_column=config.text_column, encoding=config.encoding)
+    build = build_packed_dataset if config.kind == "decoder" else build_pretraining_dataset
     dataset = None
     if ctx.is_main:  # rank 0 fills the cache; the others then read it
-        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
-                                                                 data_config))
+        dataset = _data_errors(lambda: build(config.data, tokenizer, data_config))
     barrier(ctx)
     if dataset is None:
-        dataset = _data_errors(lambda: build_pretraining_dataset(config.data, tokenizer,
-                                                                 data_config))
+        dataset = _data_errors(lambda: build(config.data, tokenizer, data_config))
     return dataset, data_config
 
 

@@ -66,6 +66,7 @@ from folnet.train.engine.state import publish_final, save_training_checkpoint, w
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.pretrain.inputs import micro_batches
 from folnet.train.pretrain.metrics import LOG_FIELDS, StepMetrics, log_record
+from folnet.train.pretrain.objectives import engine_inputs, token_targets
 from folnet.train.pretrain.setup_run import PretrainingForward, Run, set_up
 
 __all__ = ["LOG_FIELDS", "PretrainingForward", "Verdict", "pretrain", "train_step"]
@@ -108,10 +109,10 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
     """Forward and backward over one step's micro-batches; add their `StepMetrics` to
     ``sums`` (packed). Nothing here reads the device: the target count, the padding and the
     token count come from the host's own copy of the batch."""
-    n_masked = max(1, sum(int((b["mlm_labels"] != -100).sum()) for b in micro))
+    n_targets = token_targets(config.kind, micro)
     for i, batch in enumerate(micro):
-        # this rank's rows: [b, T] inputs and labels, [b] nsp_labels; T cut to the last
-        # column with a real token (--trim-padding), on the CPU before the copy
+        # this rank's rows: [b, T] inputs and labels, [b] nsp_labels (an encoder's); T cut to
+        # the last column with a real token (--trim-padding), on the CPU before the copy
         here = {k: v[rows] for k, v in batch.items()}
         if config.trim_padding and not config.compile:  # compiled: one shape, one graph
             here = trim_padding(here)
@@ -122,16 +123,15 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
         mask = None if unpadded else local["attention_mask"]
         with gradient_sync(engine, i == len(micro) - 1):
             with autocast(config.precision, ctx.device):
-                mlm_sum, nsp_sum, mlm_correct, nsp_correct, targets = engine(
-                    local["input_ids"], local["token_type_ids"], mask, local["mlm_labels"],
-                    local["nsp_labels"])
-            loss = (mlm_sum / n_masked + nsp_sum / config.batch_size) * ctx.world_size
+                token_sum, sequence_sum, token_correct, sequence_correct, targets = engine(
+                    *engine_inputs(config.kind, local, mask))
+            loss = (token_sum / n_targets + sequence_sum / config.batch_size) * ctx.world_size
             scaler.scale(loss).backward()
         with torch.no_grad():
             sums += StepMetrics(
-                mlm_loss_sum=mlm_sum, nsp_loss_sum=nsp_sum, mlm_correct=mlm_correct,
-                nsp_correct=nsp_correct, mlm_targets=targets,
-                sequences=here["nsp_labels"].shape[0]).pack(sums.device)
+                token_loss_sum=token_sum, sequence_loss_sum=sequence_sum,
+                token_correct=token_correct, sequence_correct=sequence_correct,
+                targets=targets, sequences=here["input_ids"].shape[0]).pack(sums.device)
 
 
 @dataclass
@@ -223,7 +223,7 @@ class _LogWindow:
         totals = StepMetrics.unpack(all_reduce_sum(self.sums.clone(), run.ctx).tolist())
         record = log_record(totals, step=step, lr=lr, grad_norm=grad_norm, tokens=self.tokens,
                             seconds=max(now - self.start, 1e-9), elapsed=now - run_start,
-                            state=run.state)
+                            state=run.state, objective=run.config.objective)
         self.sums.zero_()
         self.tokens, self.start = 0, now
         return record

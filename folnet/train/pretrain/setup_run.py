@@ -17,17 +17,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
-from folnet.arch import build_model, set_memory
+from folnet.arch import set_memory
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.runtime import deterministic_algorithms
 from folnet.train.data.masking import PretrainingCollator, most_targets
+from folnet.train.data.packing import PackedCollator
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.amp import check_precision, make_grad_scaler
@@ -40,46 +40,17 @@ from folnet.train.engine.runlog import TrainLogger
 from folnet.train.engine.state import restore_training_state
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.pretrain.fit import fit_pretraining_batch
-from folnet.train.pretrain.inputs import check_inputs, run_dataset, run_tokenizer
-from folnet.train.pretrain.metrics import LOG_FIELDS, bar_postfix
+from folnet.train.pretrain.inputs import (
+    build_pretraining_model,
+    check_inputs,
+    run_dataset,
+    run_tokenizer,
+)
+from folnet.train.pretrain.metrics import bar_postfix, log_fields
+from folnet.train.pretrain.objectives import PretrainingForward, forward_of
 from folnet.train.pretrain.start import RunStart, load_initial_weights, plan_start
 
-__all__ = ["PretrainingForward", "Run", "set_up"]
-
-
-class PretrainingForward(nn.Module):
-    """One micro-batch's pretraining sums, ``(mlm_sum, nsp_sum, mlm_correct, nsp_correct,
-    mlm_targets)`` (0-dim tensors), from a FolnetModel whose ``gather_mlm`` is a slot count:
-    the cross-entropy summed over the MLM targets and over the sequences' NSP/SOP labels, the
-    targets predicted right, and the targets counted. The loop normalises them by the step's
-    global counts (`folnet.train.pretrain.loop`).
-
-    This is the module DDP/FSDP wrap and ``--compile`` compiles: the model's forward, its
-    losses and its metrics, one graph of static shapes. Why a module of its own: FOLNet's
-    last layer writes a final binary stream that no pretraining head reads, so the parameters
-    of its binary-output operators get no gradient. DDP's unused-parameter search walks back
-    from the forward's outputs; were the relation output among them, those parameters would
-    look used and DDP would wait for their gradients forever.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor,
-                nsp_labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(input_ids, token_type_ids, attention_mask, mlm_labels=mlm_labels)
-        # (N, V) logits at the gathered slots (unused ones labelled -100), (B, 2)
-        mlm_logits, labels = out.mlm_logits.float(), out.mlm_labels
-        nsp_logits = out.nsp_logits.float()
-        mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
-        nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
-        with torch.no_grad():
-            mlm_correct = (mlm_logits.argmax(-1) == labels).sum()
-            nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).sum()
-            targets = (labels != -100).sum()
-        return mlm_sum, nsp_sum, mlm_correct, nsp_correct, targets
+__all__ = ["PretrainingForward", "Run", "set_up"]  # PretrainingForward: an encoder's engine
 
 
 @dataclass
@@ -146,7 +117,8 @@ def _data(config: PretrainConfig, start: RunStart, ctx: DistContext
     if ctx.is_main and (start.tokenizer_from is not None or config.tokenizer is not None):
         tokenizer.save(out / "tokenizer")  # a trained one is there already: other ranks read it
     dataset, data_config = run_dataset(config, tokenizer, out, ctx)
-    collator = PretrainingCollator.from_config(tokenizer, data_config)
+    collator = (PackedCollator(tokenizer.pad_id) if config.kind == "decoder"
+                else PretrainingCollator.from_config(tokenizer, data_config))
     fitted, fit = fit_pretraining_batch(config, tokenizer.vocab_size, ctx.device,
                                         ctx.world_size)
     if start.resume is None:
@@ -160,12 +132,12 @@ def _model(config: PretrainConfig, start: RunStart, vocab_size: int
            ) -> tuple[nn.Module, dict[str, Any], dict[str, Any] | None]:
     """The model (a resumed run's weights, or --init-from's), the run's counters and a resumed
     run's trainer state (None for a new run)."""
-    model = build_model(config.ops, preset=config.preset, head="pretraining",
-                        vocab_size=vocab_size, **config.model_overrides)
-    # MLM logits only at the predicted positions: as many slots per sequence as the masking
-    # can predict (`most_targets`), static shapes that no step has to read back
-    model.gather_mlm = most_targets(config.seq_len, config.mlm_probability,
-                                    config.max_predictions)
+    model = build_pretraining_model(config, vocab_size)
+    if config.kind == "encoder":
+        # MLM logits only at the predicted positions: as many slots per sequence as the
+        # masking can predict (`most_targets`), static shapes that no step has to read back
+        model.gather_mlm = most_targets(config.seq_len, config.mlm_probability,
+                                        config.max_predictions)
     model.relations = False  # the losses never read the final binary stream
     model.set_activation_checkpointing(config.activation_checkpointing)
     set_memory(model, config.memory_mode)
@@ -189,13 +161,14 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
     config, tokenizer, dataset, collator, fit = _data(config, start, ctx)
     model, state, trainer = _model(config, start, tokenizer.vocab_size)
     model.to(ctx.device).train()
-    forward = PretrainingForward(model)
+    forward = forward_of(config.kind, model)
     if config.compile:
         # The whole forward, losses and metrics: one graph (input values are not checked
         # while tracing, the MLM gather has static shapes), compiled in place before the
         # data-parallel wrapping, so every state-dict key stays as it is.
         compile_module(forward, config.compile_mode, ctx.device)
-    engine = wrap_model(forward, ctx, fsdp=config.fsdp, units=model.encoder.layers)
+    engine = wrap_model(forward, ctx, fsdp=config.fsdp, units=model.decoder_stack()[1]
+                        if config.kind == "decoder" else model.encoder.layers)
     optimizer = build_optimizer(model, config.optimizer, lr=config.lr,
                                 weight_decay=config.weight_decay,
                                 betas=(config.beta1, config.beta2), eps=config.eps)
@@ -219,7 +192,8 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
 def _open_log(config: PretrainConfig, ctx: DistContext, start: RunStart, fit: Fit,
               step: int) -> TrainLogger:
     """The run's log from ``step`` on, with what the start decided."""
-    logger = TrainLogger(config.out, fields=LOG_FIELDS, tag="pretrain", total_steps=config.steps,
+    logger = TrainLogger(config.out, fields=log_fields(config.objective), tag="pretrain",
+                         total_steps=config.steps,
                          postfix=bar_postfix(config.objective), enabled=ctx.is_main,
                          start_step=step, tensorboard=config.tensorboard,
                          progress=config.progress)

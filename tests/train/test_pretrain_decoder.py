@@ -1,0 +1,154 @@
+"""`folnet pretrain --kind decoder`: the next token over packed documents, through the same
+command, options and run machinery as the encoder's -- the log's own columns, the final model
+that generates, a resume after SIGKILL equal to the uninterrupted run, and two gloo processes
+equal to one."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from runs import cli_error, kill_at_first_checkpoint, write
+from safetensors.torch import load_file
+from tolerances import assert_at_most
+
+import folnet
+from folnet.cli import main
+from folnet.train.data.tokenizer import load_tokenizer
+from folnet.train.engine.runlog import read_log
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+       "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
+#: A real text: plain English paragraphs, one document each, blank lines between.
+TEXT = """The river rises in the hills north of the town. In spring it floods the low fields, and
+the farmers move their sheep to higher ground. By summer the water is low and clear.
+
+The old mill stands where the river bends. It was built of grey stone two hundred years ago.
+Nobody grinds flour there now, but children still play in the yard behind it.
+
+A narrow bridge crosses the river below the mill. Carts used to cross it on market days. Now
+people walk over it to reach the station on the far bank.
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> str:
+    """One tokenizer for every run (two trainings may number equal-count tokens apart)."""
+    from folnet.train.data.kinship import pretraining_documents
+    from folnet.train.data.tokenizer import train_tokenizer
+
+    texts = [s for d in pretraining_documents(60, seed=0) for s in d]
+    path = tmp_path_factory.mktemp("tok")
+    train_tokenizer(texts=texts, vocab_size=300).save(path)
+    return str(path)
+
+
+def args(out: Path, tokenizer: str, steps: int, *extra: str) -> list[str]:
+    return ["pretrain", "--kind", "decoder", "--objective", "clm", "--preset", "tiny",
+            "--data", "kinship", "--kinship-documents", "60", "--tokenizer", tokenizer,
+            "--seq-len", "32", "--batch-size", "8", "--grad-accum", "2", "--steps", str(steps),
+            "--lr", "5e-3", "--warmup-ratio", "0.1", "--log-every", "1", "--save-every", "3",
+            "--keep-last", "2", "--deterministic", "--no-progress", "--no-tensorboard",
+            "--out", str(out), *extra]
+
+
+def test_a_decoder_pretrains_on_kinship_and_its_model_generates(tmp_path, tokenizer_dir):
+    assert main(args(tmp_path / "run", tokenizer_dir, 12, "--optimizer", "adamw")) == 0
+    log = read_log(tmp_path / "run" / "log.jsonl")
+    assert [r["step"] for r in log] == list(range(1, 13))
+    assert {"loss", "lm_acc", "perplexity"} <= log[0].keys() and "mlm_loss" not in log[0]
+    losses = [r["loss"] for r in log]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3  # it learns
+    assert all(r["perplexity"] == pytest.approx(math.exp(r["loss"])) for r in log)
+    final = tmp_path / "run" / "final"
+    model = folnet.from_pretrained(final).eval()
+    assert model.cfg.kind == "decoder"
+    tok = load_tokenizer(final)
+    prompt = torch.tensor([tok.encode("the mother of")])
+    out = model.generate(prompt, max_new_tokens=5)
+    assert out.shape == (1, prompt.shape[1] + 5) and torch.equal(out[:, : prompt.shape[1]],
+                                                                  prompt)
+
+
+def test_a_decoder_pretrains_on_a_text_file(tmp_path, tokenizer_dir):
+    corpus = write(tmp_path / "river.txt", TEXT)
+    command = args(tmp_path / "run", tokenizer_dir, 8, "--optimizer", "adamw", "--lr", "1e-2")
+    command[command.index("kinship")] = str(corpus)
+    assert main(command) == 0
+    losses = [r["loss"] for r in read_log(tmp_path / "run" / "log.jsonl")]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+
+
+@pytest.mark.slow(seconds=40)
+def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, tokenizer_dir):
+    def launch(command: list[str]) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "folnet.train.pretrain", *command[1:]],
+                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    steps = 9
+    reference = launch(args(tmp_path / "ref", tokenizer_dir, steps))
+    victim = launch(args(tmp_path / "run", tokenizer_dir, steps))
+    kill_at_first_checkpoint(victim, tmp_path / "run")
+    assert not (tmp_path / "run" / "final").exists(), "the run finished before the kill"
+    assert reference.wait() == 0, reference.stdout.read().decode()
+    resumed = launch(args(tmp_path / "run", tokenizer_dir, steps, "--resume"))
+    output = resumed.communicate()[0].decode()
+    assert resumed.returncode == 0 and "resumed from" in output, output
+    a = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "run" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ref_log = read_log(tmp_path / "ref" / "log.jsonl")
+    run_log = read_log(tmp_path / "run" / "log.jsonl")
+    assert [r["step"] for r in run_log] == list(range(1, steps + 1))
+    assert [r["loss"] for r in run_log] == [r["loss"] for r in ref_log]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow(seconds=40)
+@pytest.mark.numerics
+def test_two_gloo_processes_match_one_process(tmp_path, tokenizer_dir):
+    """Global batch 8 = 2 micro-batches of 4 rows, each split 2 + 2 over the ranks; the loss
+    is normalised by the step's global count of next-token targets."""
+    assert main(args(tmp_path / "one", tokenizer_dir, 4, "--model", "dropout=0.0")) == 0
+    two = args(tmp_path / "two", tokenizer_dir, 4, "--model", "dropout=0.0")[1:]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "--master_addr", "127.0.0.1", "--master_port",
+                           str(_free_port()), "-m", "folnet.train.pretrain", *two],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    x = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    y = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
+    assert x.keys() == y.keys()
+    assert_at_most(max(float((x[k] - y[k]).abs().max()) for k in x), 1e-6,
+                   "decoder weights, two processes against one")
+    one_log, two_log = (read_log(tmp_path / d / "log.jsonl") for d in ("one", "two"))
+    for a, b in zip(one_log, two_log, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["tokens"] == a["tokens"]
+
+
+def test_the_objective_and_kind_must_agree(capsys, tmp_path):
+    err = cli_error(capsys, ["pretrain", "--kind", "decoder", "--out", str(tmp_path / "a")])
+    assert "--objective nsp is not a decoder's: --kind decoder pretrains with --objective clm" \
+        in err
+    err = cli_error(capsys, ["pretrain", "--objective", "clm", "--out", str(tmp_path / "b")])
+    assert "--objective clm is not an encoder's: --kind encoder pretrains with --objective " \
+           "nsp or sop" in err
+    err = cli_error(capsys, ["pretrain", "--kind", "decoder", "--objective", "clm",
+                             "--streaming", "--out", str(tmp_path / "c")])
+    assert "--streaming makes an encoder's sentence pairs" in err
+    err = cli_error(capsys, ["pretrain", "--kind", "seq2seq", "--out", str(tmp_path / "d")])
+    assert "--kind" in err and "'encoder' or 'decoder'" in err
