@@ -113,3 +113,30 @@ def test_bad_document_ids_are_refused_by_name():
         model(ids, document_ids=torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(FolnetError, match="document_ids and prefix_lengths"):
         model(ids, prefix_lengths=2, document_ids=torch.zeros(1, 6, dtype=torch.long))
+
+
+def test_held_out_documents_are_a_seeded_share_and_the_two_parts_split_the_corpus(tmp_path):
+    from folnet.train.data.config import PretrainDataConfig
+    from folnet.train.data.corpus import build_packed_dataset
+    from folnet.train.data.kinship import pretraining_documents
+    from folnet.train.data.packing import heldout_documents
+    from folnet.train.data.tokenizer import train_tokenizer
+
+    held = heldout_documents(50, 0.1, seed=3)
+    assert len(held) == 5 and held == heldout_documents(50, 0.1, seed=3)
+    assert held != heldout_documents(50, 0.1, seed=4)
+    assert heldout_documents(50, 0.0, 3) == frozenset() and len(heldout_documents(2, 0.4, 0)) == 1
+    texts = [s for d in pretraining_documents(20, seed=0) for s in d]
+    tok = train_tokenizer(texts=texts, vocab_size=200)
+
+    def tokens(part: str, heldout: float) -> list[int]:
+        config = PretrainDataConfig(seq_len=16, objective="clm", kinship_documents=20,
+                                    heldout=heldout, cache_dir=str(tmp_path / "cache"))
+        data = build_packed_dataset("kinship", tok, config, part=part)
+        return [t for i in range(len(data)) for t, m in
+                zip(data[i]["input_ids"].tolist(), data[i]["attention_mask"].tolist(),
+                    strict=True) if m]
+
+    whole, train, out = tokens("train", 0.0), tokens("train", 0.2), tokens("heldout", 0.2)
+    assert out and len(train) + len(out) == len(whole)
+    assert sorted(train + out) == sorted(whole)  # the same documents, split in two

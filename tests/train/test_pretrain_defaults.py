@@ -161,7 +161,7 @@ def test_a_data_default_changed_in_its_one_place_reaches_the_run_and_its_help():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     help_text = " ".join(done.stdout.split())
-    for text in ("tokens per sequence (default: 96)", "clm (the next token) (default: sop)",
+    for text in ("tokens per sequence (default: 96)", "span (span corruption) (default: sop)",
                  "targets per sequence (default: 7)"):
         assert text in help_text
 

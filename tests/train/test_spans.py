@@ -9,6 +9,7 @@ import random
 import statistics
 
 import pytest
+import torch
 
 from folnet.errors import FolnetError
 from folnet.train.data.spans import corrupt, corrupted_lengths, noise_mask, span_counts
@@ -84,3 +85,49 @@ def test_bad_options_are_refused_by_name():
         corrupt([1, 2, 3, 4], [False, True, False, True], [900], END)
     with pytest.raises(FolnetError, match="4 tokens but a mask of 3"):
         corrupt([1, 2, 3, 4], [False, True, False], S, END)
+
+
+def _uncorrupt(inputs, targets, sentinels):
+    """The row back from its input and target: each sentinel replaced by the span after it
+    in the target (the reference: a walk over both lists)."""
+    spans, current = {}, None
+    for t in targets[:-1]:
+        if t in sentinels:
+            current = t
+            spans[current] = []
+        else:
+            spans[current].append(t)
+    row = []
+    for t in inputs[:-1]:
+        row += spans[t] if t in sentinels else [t]
+    return row
+
+
+def test_span_rows_corrupt_packed_rows_the_same_way_every_time(tmp_path):
+    from folnet.train.data.config import PretrainDataConfig
+    from folnet.train.data.corpus import build_packed_dataset
+    from folnet.train.data.kinship import pretraining_documents
+    from folnet.train.data.span_rows import SENTINELS, build_span_dataset, raw_length
+    from folnet.train.data.tokenizer import train_tokenizer
+
+    texts = [s for d in pretraining_documents(30, seed=0) for s in d]
+    tok = train_tokenizer(texts=texts, vocab_size=200)
+    config = PretrainDataConfig(seq_len=32, objective="span", kinship_documents=30,
+                                cache_dir=str(tmp_path / "cache"))
+    data = build_span_dataset("kinship", tok, config)
+    raw = raw_length(32, 0.15, 3.0)
+    rows = build_packed_dataset("kinship", tok, PretrainDataConfig(
+        seq_len=raw, objective="span", kinship_documents=30, cache_dir=str(tmp_path / "cache")))
+    assert len(data) == len(rows) > 3
+    sentinels = set(range(tok.vocab_size, tok.vocab_size + SENTINELS))
+    for i in (0, 1, len(data) - 2):  # full rows
+        item = data[i]
+        assert item["attention_mask"].all() and item["input_ids"].shape == (32,)
+        inputs = item["input_ids"].tolist()
+        targets = [t for t in item["labels"].tolist() if t != -100]
+        assert inputs[-1] == targets[-1] == tok.sep_id
+        assert any(t in sentinels for t in inputs)
+        assert _uncorrupt(inputs, targets, sentinels) == rows[i]["input_ids"].tolist()
+        again = data[i]
+        assert all(torch.equal(item[k], again[k]) for k in item)  # seeded by the row
+    assert data[0]["input_ids"].tolist() != data[1]["input_ids"].tolist()

@@ -171,7 +171,9 @@ def residual_norm(u: torch.Tensor, x: torch.Tensor, p: float, eps: float,
     """u, x (..., D) -> (y, n): ``y = u + drop(x)`` at rate ``p`` in u's dtype and ``n = LN(y)``
     in ``dtype`` (None: u's), by the fused op; the caller has asked `why_not` first."""
     # a seed for the in-kernel mask from torch's generator of u's device: seeded runs repeat
-    seed = torch.randint(0, MAX_ELEMENTS - 1, (1,), device=u.device, dtype=torch.int64)
+    # (none drawn without dropout: an evaluation draws no random number)
+    seed = (torch.randint(0, MAX_ELEMENTS - 1, (1,), device=u.device, dtype=torch.int64)
+            if p > 0.0 else torch.zeros(1, device=u.device, dtype=torch.int64))
     y, n, _, _ = _forward(u.contiguous(), x.contiguous(), seed, float(p), float(eps),
                           dtype or u.dtype)
     return y, n

@@ -16,8 +16,10 @@ __all__ = ["KIND_OBJECTIVES", "OBJECTIVES", "PretrainDataConfig"]
 
 #: What each kind of model pretrains on: an encoder, masked tokens with a sentence-pair
 #: objective (next-sentence or sentence-order prediction); a decoder, the next token over
-#: packed documents ("clm", `folnet.train.data.packing`).
-KIND_OBJECTIVES = {"encoder": ("nsp", "sop"), "decoder": ("clm",)}
+#: packed documents ("clm", `folnet.train.data.packing`); an encoder-decoder, the spans cut
+#: out of packed rows ("span", `folnet.train.data.spans`).
+KIND_OBJECTIVES = {"encoder": ("nsp", "sop"), "decoder": ("clm",),
+                   "encoder-decoder": ("span",)}
 OBJECTIVES = tuple(o for objectives in KIND_OBJECTIVES.values() for o in objectives)
 
 
@@ -45,6 +47,13 @@ class PretrainDataConfig:
     max_predictions: int = 20
     short_seq_prob: float = 0.1
     seed: int = 0
+    #: span corruption (the encoder-decoder's objective): the share of tokens cut out, and
+    #: the spans' mean length
+    span_rate: float = 0.15
+    mean_span: float = 3.0
+    #: the share of documents a decoder's or an encoder-decoder's run holds out to measure its
+    #: held-out loss and perplexity (`folnet.train.pretrain.heldout`); 0: none
+    heldout: float = 0.0
     cache_dir: str | os.PathLike[str] | None = None
     streaming: bool = False
     kinship_documents: int = 2000
@@ -70,6 +79,16 @@ class PretrainDataConfig:
         p = self.mlm_probability
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
             raise FolnetError(f"PretrainDataConfig.mlm_probability must lie in (0, 1), got {p!r}")
+        p = self.heldout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 0.5:
+            raise FolnetError(f"PretrainDataConfig.heldout must lie in [0, 0.5), got {p!r}")
+        p = self.span_rate
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
+            raise FolnetError(f"PretrainDataConfig.span_rate must lie in (0, 1), got {p!r}")
+        if (isinstance(self.mean_span, bool) or not isinstance(self.mean_span, (int, float))
+                or self.mean_span < 1.0):
+            raise FolnetError(f"PretrainDataConfig.mean_span must be >= 1, got "
+                              f"{self.mean_span!r}")
         p = self.short_seq_prob
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise FolnetError(f"PretrainDataConfig.short_seq_prob must lie in [0, 1), got {p!r}")

@@ -55,7 +55,7 @@ from folnet.train.data.documents import (
     resolve_sources,
     source_signature,
 )
-from folnet.train.data.packing import pack_documents
+from folnet.train.data.packing import heldout_documents, pack_documents
 from folnet.train.data.pairs import (
     Document,
     Example,
@@ -353,14 +353,18 @@ class PackedDataset(Dataset):
 
 
 def build_packed_dataset(source: CorpusSource, tokenizer: FolnetTokenizer,
-                         config: PretrainDataConfig | None = None) -> PackedDataset:
+                         config: PretrainDataConfig | None = None, *, part: str = "train"
+                         ) -> PackedDataset:
     """Tokenise `source` (the cache shared with `build_pretraining_dataset`) and pack its
-    documents, each ending in [SEP], into rows of ``config.seq_len``; cached as its own entry."""
+    documents, each ending in [SEP], into rows of ``config.seq_len``; cached as its own entry.
+    ``part``: the documents `heldout_documents` leaves for training ("train") or holds out
+    ("heldout") at ``config.heldout``."""
     config = config or PretrainDataConfig(objective="clm")
     parts = resolve_sources(source)
     corpus = _Corpus.of(parts, tokenizer, config)
-    rows_dir = (corpus.root / f"rows-{_key('rows', _CACHE_FORMAT, corpus.key, config.seq_len)}"
-                if corpus.root else None)
+    key = _key("rows", _CACHE_FORMAT, corpus.key, config.seq_len, config.heldout, config.seed,
+               part)
+    rows_dir = corpus.root / f"rows-{key}" if corpus.root else None
     names = ("ids", "documents", "lengths")
     cached = _load(rows_dir, names)
     if cached is not None:
@@ -369,10 +373,13 @@ def build_packed_dataset(source: CorpusSource, tokenizer: FolnetTokenizer,
                              num_documents=count if isinstance(count, int) else 0)
     tokens, status = corpus.tokens(parts, tokenizer, config)
     documents = _documents_from_arrays(tokens)
+    held = heldout_documents(len(documents), config.heldout, config.seed)
+    documents = [d for i, d in enumerate(documents) if (i in held) == (part == "heldout")]
     rows = list(pack_documents((np.concatenate(d) for d in documents if d), config.seq_len,
                                end=tokenizer.sep_id, pad=tokenizer.pad_id))
     if not rows:
-        raise FolnetError(f"corpus {_where(source)} holds no token to pack")
+        raise FolnetError(f"corpus {_where(source)} holds no token to pack"
+                          + (" in its held-out documents" if part == "heldout" else ""))
     arrays = {"ids": np.stack([r[0] for r in rows]).astype(tokens["tokens"].dtype),
               "documents": np.stack([r[1] for r in rows]).astype(np.int32),
               "lengths": np.asarray([r[2] for r in rows], dtype=np.int32)}

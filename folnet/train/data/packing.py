@@ -16,6 +16,7 @@ Shapes: rows (seq_len,) int64 token ids and document ids.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,16 @@ import torch
 
 from folnet.errors import FolnetError
 
-__all__ = ["PackedCollator", "pack_documents"]
+__all__ = ["PackedCollator", "heldout_documents", "pack_documents"]
+
+
+def heldout_documents(count: int, fraction: float, seed: int) -> frozenset[int]:
+    """The indices of ``count`` documents held out for evaluation: ``round(count * fraction)``
+    of them (at least one when ``fraction`` > 0, never all), drawn under ``seed``."""
+    if fraction <= 0.0 or count < 2:
+        return frozenset()
+    k = min(max(round(count * fraction), 1), count - 1)
+    return frozenset(random.Random(f"folnet-heldout-{seed}").sample(range(count), k))
 
 
 def pack_documents(documents: Iterable[Iterable[int]], seq_len: int, end: int, *,
@@ -57,17 +67,20 @@ def pack_documents(documents: Iterable[Iterable[int]], seq_len: int, end: int, *
 
 
 class PackedCollator:
-    """A decoder's batches: the rows stacked, nothing drawn (the objective reads every token),
-    so its state -- what a checkpoint keeps of a collator -- is empty. The step loop's
+    """A decoder's or an encoder-decoder's batches: the rows' ``keys`` stacked, nothing drawn
+    (a decoder's rows are read whole, an encoder-decoder's corrupted when they are made), so
+    its state -- what a checkpoint keeps of a collator -- is empty. The step loop's
     ``apply_mask`` passes a batch through."""
 
-    def __init__(self, pad_id: int) -> None:
-        self.pad_id = pad_id
+    DECODER = ("input_ids", "document_ids", "attention_mask")
+    ENCODER_DECODER = ("input_ids", "attention_mask", "labels", "decoder_attention_mask")
+
+    def __init__(self, keys: Sequence[str] = DECODER) -> None:
+        self.keys = tuple(keys)
 
     def collate(self, items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """[B, seq_len] input_ids, document_ids and attention_mask."""
-        return {key: torch.stack([item[key] for item in items])
-                for key in ("input_ids", "document_ids", "attention_mask")}
+        """Each key's rows stacked: [B, ...]."""
+        return {key: torch.stack([item[key] for item in items]) for key in self.keys}
 
     def apply_mask(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(batch)
@@ -81,4 +94,4 @@ class PackedCollator:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state:  # an encoder's masking state: the checkpoint is another kind's
             raise FolnetError("the checkpoint's collator state is an encoder's masking state; "
-                              "a decoder's packed rows keep none")
+                              "packed rows keep none")

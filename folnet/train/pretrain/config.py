@@ -96,8 +96,9 @@ class PretrainConfig(Options):
     """All options of a pretraining run (see the module docstring for precedence)."""
 
     ops: str = option("jmc.atp", "operator string of the architecture")
-    kind: str = option("encoder", "what to pretrain: encoder (MLM with --objective nsp or sop) "
-                       "or decoder (the next token over packed documents: --objective clm)")
+    kind: str = option("encoder", "what to pretrain: encoder (MLM with --objective nsp or sop), "
+                       "decoder (the next token over packed documents: --objective clm) or "
+                       "encoder-decoder (spans cut out of packed rows: --objective span)")
     operators: tuple[tuple[tuple[str, Any], ...], ...] = option(
         (), "a TOML file of your own operators ([[operator]] tables, as "
             "folnet/specs/operators.toml), usable in --ops; recorded in run_config.json",
@@ -124,7 +125,14 @@ class PretrainConfig(Options):
     vocab_size: int = option(32768, "vocabulary size when training the tokenizer")
     seq_len: int = _data_option("seq_len", "tokens per sequence")
     objective: str = _data_option("objective", "an encoder's sentence-pair objective, nsp "
-                                  "or sop; a decoder's, clm (the next token)")
+                                  "or sop; a decoder's, clm (the next token); an "
+                                  "encoder-decoder's, span (span corruption)")
+    span_rate: float = _data_option("span_rate", "span corruption: the share of each row's "
+                                    "tokens cut out")
+    mean_span: float = _data_option("mean_span", "span corruption: the spans' mean length")
+    heldout: float = _data_option("heldout", "a decoder's or an encoder-decoder's: the share of "
+                                  "documents held out, whose loss and perplexity are measured "
+                                  "at every checkpoint (OUT/heldout.jsonl); 0: none")
     mlm_probability: float = _data_option("mlm_probability", "share of tokens chosen for MLM")
     max_predictions: int = _data_option("max_predictions",
                                         "at most this many MLM targets per sequence")
@@ -191,7 +199,7 @@ class PretrainConfig(Options):
                             ("optimizer", OPTIMIZERS),
                             ("schedule", SCHEDULES), ("precision", PRECISIONS),
                             ("memory_mode", MEMORY_MODES)))
-        self.check_within((("mlm_probability", 0.0, 1.0, True),
+        self.check_within((("mlm_probability", 0.0, 1.0, True), ("span_rate", 0.0, 1.0, True),
                            ("warmup_ratio", 0.0, 1.0, False), ("min_lr_ratio", 0.0, 1.0, False),
                            ("beta1", 0.0, 1.0, True), ("beta2", 0.0, 1.0, True)))
         self.check_non_negative(("lr", "power", "weight_decay", "eps", "clip_norm"))
@@ -200,9 +208,18 @@ class PretrainConfig(Options):
             raise FolnetError(f"--objective {self.objective} is not a{'n' * (self.kind[0] in 'ae')}"
                               f" {self.kind}'s: --kind {self.kind} pretrains with --objective "
                               f"{wanted}")
-        if self.kind == "decoder" and self.streaming:
-            raise FolnetError("--streaming makes an encoder's sentence pairs; a decoder's packed "
-                              "rows come from the tokenised corpus (drop --streaming)")
+        if self.kind != "encoder" and self.streaming:
+            raise FolnetError(f"--streaming makes an encoder's sentence pairs; an {self.kind}'s "
+                              f"packed rows come from the tokenised corpus (drop --streaming)")
+        if not 0.0 <= self.heldout < 0.5:
+            raise FolnetError(f"--heldout must lie in [0, 0.5), got {self.heldout}")
+        if self.heldout and self.kind == "encoder":
+            raise FolnetError("--heldout is a decoder's or an encoder-decoder's: an encoder's "
+                              "sentence pairs keep every document")
+        if self.span_rate <= 0.0:
+            raise FolnetError(f"--span-rate must lie in (0, 1), got {self.span_rate}")
+        if self.mean_span < 1.0:
+            raise FolnetError(f"--mean-span must be >= 1, got {self.mean_span}")
         canonical_encoding(self.encoding, "--encoding")
         parse_budget(self.memory_budget)
         if self.power == 0.0:

@@ -25,7 +25,8 @@ def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: tor
     with torch.device("meta"):
         # a decoder's layers save what an encoder's of the same shape save, plus a visibility
         # matrix per sequence (small beside the square): counted on the encoder
-        model = build_pretraining_model(config.replace(kind="encoder", objective="nsp"),
+        model = build_pretraining_model(config.replace(kind="encoder", objective="nsp",
+                                                       heldout=0.0),
                                         vocab_size)
     # the layers' mode on the run's device ("tight" saves what "blocked" saves: the inputs of
     # each recomputed stage)
@@ -36,7 +37,8 @@ def pretraining_step_memory(config: PretrainConfig, vocab_size: int, device: tor
     parameters = sum(p.numel() for p in model.parameters())
     # the logits, their softmax and gradient, float32 x 3: an encoder's at the predicted
     # positions [P, V], a decoder's at every position [T, V]
-    rows = config.seq_len if config.kind == "decoder" else config.max_predictions
+    rows = {"decoder": config.seq_len, "encoder-decoder": config.seq_len}.get(
+        config.kind, config.max_predictions)
     head = 3 * 4 * rows * vocab_size
     return StepMemory.of(saved, head, parameters, device)
 

@@ -25,6 +25,7 @@ from folnet.train.data.corpus import build_packed_dataset, build_pretraining_dat
 from folnet.train.data.documents import iter_documents, resolve_sources
 from folnet.train.data.masking import PretrainingCollator
 from folnet.train.data.sources import check_texts
+from folnet.train.data.span_rows import SENTINELS, build_span_dataset
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_tokenizer
 from folnet.train.engine.distributed import DistContext, GlobalBatchSampler, barrier
 from folnet.train.pretrain.config import PretrainConfig
@@ -62,11 +63,15 @@ def check_inputs(config: PretrainConfig, tokenizer_from: Path | None) -> None:
 
 
 def build_pretraining_model(config: PretrainConfig, vocab_size: int) -> torch.nn.Module:
-    """The model ``config`` pretrains: an encoder with the MLM and NSP/SOP heads, or a
-    decoder (its LM head)."""
+    """The model ``config`` pretrains: an encoder with the MLM and NSP/SOP heads, a decoder
+    (its LM head), or an encoder-decoder whose vocabulary ends in `SENTINELS` span sentinels
+    (T5's extra ids: above the tokenizer's, which never makes them)."""
     if config.kind == "decoder":
         return build_model(config.ops, preset=config.preset, kind="decoder",
                            vocab_size=vocab_size, **config.model_overrides)
+    if config.kind == "encoder-decoder":  # the sentinels: ids above the tokenizer's
+        return build_model(config.ops, preset=config.preset, kind="encoder-decoder",
+                           vocab_size=vocab_size + SENTINELS, **config.model_overrides)
     return build_model(config.ops, preset=config.preset, head="pretraining",
                        vocab_size=vocab_size, **config.model_overrides)
 
@@ -108,23 +113,35 @@ def _data_errors(build: Callable[[], T]) -> T:
 
 
 def run_dataset(config: PretrainConfig, tokenizer: FolnetTokenizer, out: Path,
-                ctx: DistContext) -> tuple[Dataset, PretrainDataConfig]:
-    """The run's examples (cached under ``--cache-dir``, default ``OUT/cache``, or streamed)
-    and the data configuration they were made with. Rank 0 fills the cache first."""
+                ctx: DistContext) -> tuple[Dataset, Dataset | None, PretrainDataConfig]:
+    """The run's examples (cached under ``--cache-dir``, default ``OUT/cache``, or streamed),
+    its held-out rows (``--heldout``; else None) and the data configuration they were made
+    with. Rank 0 fills the cache first."""
     data_config = PretrainDataConfig(
         seq_len=config.seq_len, objective=config.objective,
         mlm_probability=config.mlm_probability, max_predictions=config.max_predictions,
-        seed=config.seed, cache_dir=config.cache_dir or str(out / "cache"),
+        span_rate=config.span_rate, mean_span=config.mean_span, heldout=config.heldout,
+        seed=config.seed,
+        cache_dir=config.cache_dir or str(out / "cache"),
         streaming=config.streaming, kinship_documents=config.kinship_documents,
         text_column=config.text_column, encoding=config.encoding)
-    build = build_packed_dataset if config.kind == "decoder" else build_pretraining_dataset
-    dataset = None
+    build = {"decoder": build_packed_dataset, "encoder-decoder": build_span_dataset}.get(
+        config.kind, build_pretraining_dataset)
+    parts = ("train", "heldout") if config.heldout else ("train",)
+
+    def made() -> list[Dataset]:
+        if config.kind == "encoder":
+            return [_data_errors(lambda: build(config.data, tokenizer, data_config))]
+        return [_data_errors(lambda p=p: build(config.data, tokenizer, data_config, part=p))
+                for p in parts]
+
+    datasets = None
     if ctx.is_main:  # rank 0 fills the cache; the others then read it
-        dataset = _data_errors(lambda: build(config.data, tokenizer, data_config))
+        datasets = made()
     barrier(ctx)
-    if dataset is None:
-        dataset = _data_errors(lambda: build(config.data, tokenizer, data_config))
-    return dataset, data_config
+    if datasets is None:
+        datasets = made()
+    return datasets[0], datasets[1] if len(datasets) > 1 else None, data_config
 
 
 def micro_batches(dataset: Dataset, collator: PretrainingCollator, config: PretrainConfig,

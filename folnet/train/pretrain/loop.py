@@ -64,6 +64,7 @@ from folnet.train.engine.optim import step_unless
 from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.engine.state import publish_final, save_training_checkpoint, write_model_fn
 from folnet.train.pretrain.config import PretrainConfig
+from folnet.train.pretrain.heldout import measure_heldout
 from folnet.train.pretrain.inputs import micro_batches
 from folnet.train.pretrain.metrics import LOG_FIELDS, StepMetrics, log_record
 from folnet.train.pretrain.objectives import engine_inputs, token_targets
@@ -114,7 +115,8 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
         # this rank's rows: [b, T] inputs and labels, [b] nsp_labels (an encoder's); T cut to
         # the last column with a real token (--trim-padding), on the CPU before the copy
         here = {k: v[rows] for k, v in batch.items()}
-        if config.trim_padding and not config.compile:  # compiled: one shape, one graph
+        # compiled: one shape, one graph; an encoder-decoder's targets have their own width
+        if config.trim_padding and not config.compile and config.kind != "encoder-decoder":
             here = trim_padding(here)
         # a batch without padding goes without a mask (the unmasked path measured ~3%
         # faster); decided on the CPU copy, where reading it costs no device sync
@@ -286,6 +288,7 @@ def _run_steps(run: Run) -> None:
             run.logger.log(window.record(run, step=step, lr=lr, grad_norm=verdict.grad_norm,
                                          run_start=run_start))
         if saves:
+            measure_heldout(run, step)
             state["elapsed"] = time.perf_counter() - run_start
             _save(run, step)
     settle(pending)

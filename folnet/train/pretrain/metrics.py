@@ -23,13 +23,14 @@ _COUNTERS = ("lr", "grad_norm", "tokens_per_s", "samples_per_s", "elapsed", "epo
              "tokens", "skipped")
 #: The columns of an encoder's ``OUT/log.csv`` (MLM and NSP/SOP): the keys of `log_record`.
 LOG_FIELDS = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", *_COUNTERS)
-#: A decoder's (the next token): its loss per predicted token, accuracy and perplexity.
+#: A decoder's (the next token) and an encoder-decoder's (the spans): the loss per target
+#: token, the accuracy and the perplexity.
 LM_LOG_FIELDS = ("step", "loss", "lm_acc", "perplexity", *_COUNTERS)
 
 
 def log_fields(objective: str) -> tuple[str, ...]:
     """The log's columns for ``objective``."""
-    return LM_LOG_FIELDS if objective == "clm" else LOG_FIELDS
+    return LM_LOG_FIELDS if objective in ("clm", "span") else LOG_FIELDS
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class StepMetrics:
         steps add nothing)."""
         targets, sequences = max(self.targets, 1.0), max(self.sequences, 1.0)
         token_loss = self.token_loss_sum / targets
-        if objective == "clm":
+        if objective in ("clm", "span"):
             means = {"loss": token_loss, "lm_acc": self.token_correct / targets,
                      "perplexity": math.exp(min(token_loss, 700.0))}
         else:
@@ -117,7 +118,7 @@ def bar_postfix(objective: str) -> Callable[[Mapping[str, Any]], str]:
             value = record.get(key)
             return float(value) if isinstance(value, (int, float)) else float("nan")
 
-        if objective == "clm":
+        if objective in ("clm", "span"):
             return (f"loss {num('loss'):.3f} ppl {num('perplexity'):.1f} lm_acc "
                     f"{num('lm_acc'):.3f} tok/s {num('tokens_per_s'):,.0f}")
         return (f"loss {num('loss'):.3f} mlm_acc {num('mlm_acc'):.3f} {objective}_acc "

@@ -1,6 +1,7 @@
 """What each kind of model pretrains on, as the step loop sees it: the module DDP/FSDP wrap (the
 model's forward, its losses and metrics: `PretrainingForward` for an encoder, `NextTokenForward`
-for a decoder), which batch tensors it takes, and how many token targets a micro-batch holds.
+for a decoder, `SpanForward` for an encoder-decoder), which batch tensors it takes, and how many
+token targets a micro-batch holds.
 
 Both engines return the same five sums, ``(token_loss_sum, sequence_loss_sum, token_correct,
 sequence_correct, targets)`` (0-dim tensors), so that the loop (`folnet.train.pretrain.loop`)
@@ -25,6 +26,7 @@ from folnet.arch.packed import document_labels
 __all__ = [
     "NextTokenForward",
     "PretrainingForward",
+    "SpanForward",
     "engine_inputs",
     "forward_of",
     "token_targets",
@@ -77,6 +79,30 @@ class NextTokenForward(nn.Module):
         return loss_sum, zero, correct, zero.long(), targets
 
 
+class SpanForward(nn.Module):
+    """An encoder-decoder's sums over span-corrupted rows (`folnet.train.data.span_rows`): the
+    decoder's cross-entropy over its targets (the sentinels and the spans they stand for; the
+    decoder reads them shifted right behind the start token)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                labels: torch.Tensor, decoder_attention_mask: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        out = self.model(input_ids, labels=labels, attention_mask=attention_mask,
+                         decoder_attention_mask=decoder_attention_mask)
+        logits = out.logits.float().flatten(0, 1)  # (B M, V)
+        target = labels.flatten()
+        loss_sum = F.cross_entropy(logits, target, reduction="sum")
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == target).sum()
+            targets = (target != IGNORE).sum()
+        zero = loss_sum.new_zeros(())
+        return loss_sum, zero, correct, zero.long(), targets
+
+
 def lm_targets(input_ids: torch.Tensor, document_ids: torch.Tensor,
                attention_mask: torch.Tensor | None) -> torch.Tensor:
     """(B, T) the tokens a row predicts: its ids, pads and each piece's first token ignored."""
@@ -87,7 +113,8 @@ def lm_targets(input_ids: torch.Tensor, document_ids: torch.Tensor,
 
 def forward_of(kind: str, model: nn.Module) -> nn.Module:
     """The engine of ``kind``'s pretraining around ``model``."""
-    return NextTokenForward(model) if kind == "decoder" else PretrainingForward(model)
+    engines = {"decoder": NextTokenForward, "encoder-decoder": SpanForward}
+    return engines.get(kind, PretrainingForward)(model)
 
 
 def engine_inputs(kind: str, local: Mapping[str, torch.Tensor],
@@ -96,6 +123,8 @@ def engine_inputs(kind: str, local: Mapping[str, torch.Tensor],
     None when no token is padding)."""
     if kind == "decoder":
         return local["input_ids"], local["document_ids"], mask
+    if kind == "encoder-decoder":
+        return local["input_ids"], mask, local["labels"], local["decoder_attention_mask"]
     return (local["input_ids"], local["token_type_ids"], mask, local["mlm_labels"],
             local["nsp_labels"])
 
@@ -105,6 +134,8 @@ def token_targets(kind: str, micro: Sequence[Mapping[str, torch.Tensor]]) -> int
     if kind == "decoder":
         total = sum(int((lm_targets(b["input_ids"], b["document_ids"],
                                     b["attention_mask"])[:, 1:] != IGNORE).sum()) for b in micro)
+    elif kind == "encoder-decoder":
+        total = sum(int((b["labels"] != IGNORE).sum()) for b in micro)
     else:
         total = sum(int((b["mlm_labels"] != IGNORE).sum()) for b in micro)
     return max(1, total)

@@ -72,6 +72,7 @@ class Run:
     scaler: torch.amp.GradScaler
     state: dict[str, Any]
     logger: TrainLogger
+    heldout: Dataset | None = None  # --heldout's rows (`folnet.train.pretrain.heldout`)
 
     @property
     def trim_above(self) -> int | None:
@@ -108,24 +109,27 @@ def _claim(config: PretrainConfig, ctx: DistContext, lock: RunLock
 
 
 def _data(config: PretrainConfig, start: RunStart, ctx: DistContext
-          ) -> tuple[PretrainConfig, FolnetTokenizer, Dataset, PretrainingCollator, Fit]:
-    """The tokenizer, the examples and the collator; the micro-batches fitted to the memory
-    budget (a new run's ``config`` takes the fitted ``grad_accum``: a resumed run keeps its
-    recorded micro-batches, on which its data order depends)."""
+          ) -> tuple[PretrainConfig, FolnetTokenizer, Dataset, Dataset | None,
+                     PretrainingCollator, Fit]:
+    """The tokenizer, the examples (and the held-out rows, or None) and the collator; the
+    micro-batches fitted to the memory budget (a new run's ``config`` takes the fitted
+    ``grad_accum``: a resumed run keeps its recorded micro-batches, on which its data order
+    depends)."""
     out = Path(config.out)
     tokenizer = run_tokenizer(config, out, start.tokenizer_from, ctx)
     if ctx.is_main and (start.tokenizer_from is not None or config.tokenizer is not None):
         tokenizer.save(out / "tokenizer")  # a trained one is there already: other ranks read it
-    dataset, data_config = run_dataset(config, tokenizer, out, ctx)
-    collator = (PackedCollator(tokenizer.pad_id) if config.kind == "decoder"
-                else PretrainingCollator.from_config(tokenizer, data_config))
+    dataset, heldout, data_config = run_dataset(config, tokenizer, out, ctx)
+    collator = {"decoder": PackedCollator(PackedCollator.DECODER),
+                "encoder-decoder": PackedCollator(PackedCollator.ENCODER_DECODER)}.get(
+        config.kind) or PretrainingCollator.from_config(tokenizer, data_config)
     fitted, fit = fit_pretraining_batch(config, tokenizer.vocab_size, ctx.device,
                                         ctx.world_size)
     if start.resume is None:
         config = fitted
         if fit.message is not None and ctx.is_main:
             atomic_write_json(out / "run_config.json", config.to_dict())
-    return config, tokenizer, dataset, collator, fit
+    return config, tokenizer, dataset, heldout, collator, fit
 
 
 def _model(config: PretrainConfig, start: RunStart, vocab_size: int
@@ -153,12 +157,21 @@ def _model(config: PretrainConfig, start: RunStart, vocab_size: int
     return model, state, trainer
 
 
+def _layers(model: nn.Module, kind: str) -> list[nn.Module]:
+    """The model's layers: FSDP's units."""
+    if kind == "decoder":
+        return list(model.layers)
+    if kind == "encoder-decoder":
+        return [*model.encoder_layers, *model.decoder_layers]
+    return list(model.encoder.layers)
+
+
 def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
     """Everything before the first step: OUT claimed, data, model, optimiser and schedule (a
     resumed run's restored), the log opened. A failure here leaves OUT as it was
     (`FreshStart`)."""
     config, start = _claim(config, ctx, lock)
-    config, tokenizer, dataset, collator, fit = _data(config, start, ctx)
+    config, tokenizer, dataset, heldout, collator, fit = _data(config, start, ctx)
     model, state, trainer = _model(config, start, tokenizer.vocab_size)
     model.to(ctx.device).train()
     forward = forward_of(config.kind, model)
@@ -167,8 +180,7 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
         # while tracing, the MLM gather has static shapes), compiled in place before the
         # data-parallel wrapping, so every state-dict key stays as it is.
         compile_module(forward, config.compile_mode, ctx.device)
-    engine = wrap_model(forward, ctx, fsdp=config.fsdp, units=model.decoder_stack()[1]
-                        if config.kind == "decoder" else model.encoder.layers)
+    engine = wrap_model(forward, ctx, fsdp=config.fsdp, units=_layers(model, config.kind))
     optimizer = build_optimizer(model, config.optimizer, lr=config.lr,
                                 weight_decay=config.weight_decay,
                                 betas=(config.beta1, config.beta2), eps=config.eps)
@@ -184,7 +196,8 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
             reschedule(scheduler, schedule_rule(config.steps, **rule))
     logger = _open_log(config, ctx, start, fit, state["step"])
     return Run(config=config, ctx=ctx, out=Path(config.out), tokenizer=tokenizer,
-                dataset=dataset, collator=collator, fit=fit, model=model, engine=engine,
+                dataset=dataset, heldout=heldout, collator=collator, fit=fit, model=model,
+                engine=engine,
                 optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
                 logger=logger)
 

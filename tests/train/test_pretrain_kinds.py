@@ -1,10 +1,11 @@
-"""`folnet pretrain --kind decoder`: the next token over packed documents, through the same
-command, options and run machinery as the encoder's -- the log's own columns, the final model
-that generates, a resume after SIGKILL equal to the uninterrupted run, and two gloo processes
-equal to one."""
+"""`folnet pretrain --kind decoder` (the next token over packed documents) and `--kind
+encoder-decoder` (span corruption), through the same command, options and run machinery as the
+encoder's: the log's own columns, the final model that generates, a resume after SIGKILL equal
+to the uninterrupted run, and two gloo processes equal to one."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -20,6 +21,7 @@ from tolerances import assert_at_most
 
 import folnet
 from folnet.cli import main
+from folnet.train.data.span_rows import SENTINELS
 from folnet.train.data.tokenizer import load_tokenizer
 from folnet.train.engine.runlog import read_log
 
@@ -51,8 +53,13 @@ def tokenizer_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-def args(out: Path, tokenizer: str, steps: int, *extra: str) -> list[str]:
-    return ["pretrain", "--kind", "decoder", "--objective", "clm", "--preset", "tiny",
+#: Each kind beside the encoder, and its objective.
+KINDS = {"decoder": "clm", "encoder-decoder": "span"}
+
+
+def args(out: Path, tokenizer: str, steps: int, *extra: str, kind: str = "decoder"
+         ) -> list[str]:
+    return ["pretrain", "--kind", kind, "--objective", KINDS[kind], "--preset", "tiny",
             "--data", "kinship", "--kinship-documents", "60", "--tokenizer", tokenizer,
             "--seq-len", "32", "--batch-size", "8", "--grad-accum", "2", "--steps", str(steps),
             "--lr", "5e-3", "--warmup-ratio", "0.1", "--log-every", "1", "--save-every", "3",
@@ -60,27 +67,41 @@ def args(out: Path, tokenizer: str, steps: int, *extra: str) -> list[str]:
             "--out", str(out), *extra]
 
 
-def test_a_decoder_pretrains_on_kinship_and_its_model_generates(tmp_path, tokenizer_dir):
-    assert main(args(tmp_path / "run", tokenizer_dir, 12, "--optimizer", "adamw")) == 0
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_pretrains_on_kinship_and_its_model_generates(tmp_path, tokenizer_dir, kind):
+    assert main(args(tmp_path / "run", tokenizer_dir, 12, "--optimizer", "adamw",
+                     "--heldout", "0.1", "--save-every", "6", kind=kind)) == 0
     log = read_log(tmp_path / "run" / "log.jsonl")
     assert [r["step"] for r in log] == list(range(1, 13))
     assert {"loss", "lm_acc", "perplexity"} <= log[0].keys() and "mlm_loss" not in log[0]
     losses = [r["loss"] for r in log]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3  # it learns
     assert all(r["perplexity"] == pytest.approx(math.exp(r["loss"])) for r in log)
+    # the held-out documents' loss, at each checkpoint: measured, falling
+    heldout = [json.loads(line) for line in
+               (tmp_path / "run" / "heldout.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in heldout] == [6, 12] and heldout[0]["rows"] > 0
+    assert heldout[1]["loss"] < heldout[0]["loss"]
+    assert heldout[1]["perplexity"] == pytest.approx(math.exp(heldout[1]["loss"]))
     final = tmp_path / "run" / "final"
     model = folnet.from_pretrained(final).eval()
-    assert model.cfg.kind == "decoder"
+    assert model.cfg.kind == kind
     tok = load_tokenizer(final)
     prompt = torch.tensor([tok.encode("the mother of")])
     out = model.generate(prompt, max_new_tokens=5)
-    assert out.shape == (1, prompt.shape[1] + 5) and torch.equal(out[:, : prompt.shape[1]],
-                                                                  prompt)
+    if kind == "decoder":  # the prompt, continued
+        assert out.shape == (1, prompt.shape[1] + 5)
+        assert torch.equal(out[:, : prompt.shape[1]], prompt)
+    else:  # the decoder's tokens (behind its start token), the sentinels among the vocabulary
+        assert out.shape[0] == 1 and 2 <= out.shape[1] <= 6
+        assert model.cfg.vocab_size == tok.vocab_size + SENTINELS
 
 
-def test_a_decoder_pretrains_on_a_text_file(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_pretrains_on_a_text_file(tmp_path, tokenizer_dir, kind):
     corpus = write(tmp_path / "river.txt", TEXT)
-    command = args(tmp_path / "run", tokenizer_dir, 8, "--optimizer", "adamw", "--lr", "1e-2")
+    command = args(tmp_path / "run", tokenizer_dir, 8, "--optimizer", "adamw", "--lr", "1e-2",
+                   kind=kind)
     command[command.index("kinship")] = str(corpus)
     assert main(command) == 0
     losses = [r["loss"] for r in read_log(tmp_path / "run" / "log.jsonl")]
@@ -88,18 +109,20 @@ def test_a_decoder_pretrains_on_a_text_file(tmp_path, tokenizer_dir):
 
 
 @pytest.mark.slow(seconds=40)
-def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("kind", KINDS)
+def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, tokenizer_dir,
+                                                                        kind):
     def launch(command: list[str]) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "folnet.train.pretrain", *command[1:]],
                                 env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-    steps = 9
-    reference = launch(args(tmp_path / "ref", tokenizer_dir, steps))
-    victim = launch(args(tmp_path / "run", tokenizer_dir, steps))
+    steps = 6
+    reference = launch(args(tmp_path / "ref", tokenizer_dir, steps, kind=kind))
+    victim = launch(args(tmp_path / "run", tokenizer_dir, steps, kind=kind))
     kill_at_first_checkpoint(victim, tmp_path / "run")
     assert not (tmp_path / "run" / "final").exists(), "the run finished before the kill"
     assert reference.wait() == 0, reference.stdout.read().decode()
-    resumed = launch(args(tmp_path / "run", tokenizer_dir, steps, "--resume"))
+    resumed = launch(args(tmp_path / "run", tokenizer_dir, steps, "--resume", kind=kind))
     output = resumed.communicate()[0].decode()
     assert resumed.returncode == 0 and "resumed from" in output, output
     a = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
@@ -119,11 +142,13 @@ def _free_port() -> int:
 
 @pytest.mark.slow(seconds=40)
 @pytest.mark.numerics
-def test_two_gloo_processes_match_one_process(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_gloo_processes_match_one_process(tmp_path, tokenizer_dir, kind):
     """Global batch 8 = 2 micro-batches of 4 rows, each split 2 + 2 over the ranks; the loss
     is normalised by the step's global count of next-token targets."""
-    assert main(args(tmp_path / "one", tokenizer_dir, 4, "--model", "dropout=0.0")) == 0
-    two = args(tmp_path / "two", tokenizer_dir, 4, "--model", "dropout=0.0")[1:]
+    assert main(args(tmp_path / "one", tokenizer_dir, 4, "--model", "dropout=0.0",
+                     kind=kind)) == 0
+    two = args(tmp_path / "two", tokenizer_dir, 4, "--model", "dropout=0.0", kind=kind)[1:]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                            "2", "--master_addr", "127.0.0.1", "--master_port",
                            str(_free_port()), "-m", "folnet.train.pretrain", *two],
@@ -133,7 +158,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, tokenizer_dir):
     y = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
     assert x.keys() == y.keys()
     assert_at_most(max(float((x[k] - y[k]).abs().max()) for k in x), 1e-6,
-                   "decoder weights, two processes against one")
+                   f"{kind} weights, two processes against one")
     one_log, two_log = (read_log(tmp_path / d / "log.jsonl") for d in ("one", "two"))
     for a, b in zip(one_log, two_log, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
@@ -151,4 +176,9 @@ def test_the_objective_and_kind_must_agree(capsys, tmp_path):
                              "--streaming", "--out", str(tmp_path / "c")])
     assert "--streaming makes an encoder's sentence pairs" in err
     err = cli_error(capsys, ["pretrain", "--kind", "seq2seq", "--out", str(tmp_path / "d")])
-    assert "--kind" in err and "'encoder' or 'decoder'" in err
+    assert "--kind" in err and "'encoder', 'decoder' or 'encoder-decoder'" in err
+    err = cli_error(capsys, ["pretrain", "--kind", "encoder-decoder", "--objective", "span",
+                             "--span-rate", "0", "--out", str(tmp_path / "e")])
+    assert "--span-rate must lie in (0, 1), got 0.0" in err
+    err = cli_error(capsys, ["pretrain", "--heldout", "0.1", "--out", str(tmp_path / "f")])
+    assert "--heldout is a decoder's or an encoder-decoder's" in err
