@@ -108,6 +108,24 @@ def test_each_kind_pretrains_on_a_text_file(tmp_path, tokenizer_dir, kind):
     assert len(losses) == 8 and losses[-1] < losses[0]
 
 
+def test_a_decoder_with_its_own_bpe_tokenizer_generates_text(tmp_path):
+    """No --tokenizer: the run trains a byte-level BPE on the corpus; the model's output
+    decodes as text that begins with the prompt, exactly."""
+    corpus = write(tmp_path / "river.txt", TEXT * 4)
+    assert main(["pretrain", "--kind", "decoder", "--objective", "clm", "--preset", "tiny",
+                 "--data", str(corpus), "--tokenizer-model", "bpe", "--vocab-size", "320",
+                 "--seq-len", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
+                 "--optimizer", "adamw", "--log-every", "3", "--no-progress",
+                 "--no-tensorboard", "--out", str(tmp_path / "run")]) == 0
+    final = tmp_path / "run" / "final"
+    tok, model = load_tokenizer(final), folnet.from_pretrained(final).eval()
+    assert not tok.wordpiece
+    prompt = "The old mill stands"
+    ids = torch.tensor([tok.encode(prompt)])
+    text = tok.decode(model.generate(ids, max_new_tokens=8)[0].tolist())
+    assert text.startswith(prompt) and len(text) > len(prompt)
+
+
 @pytest.mark.slow(seconds=40)
 @pytest.mark.parametrize("kind", KINDS)
 def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, tokenizer_dir,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import (
@@ -29,11 +29,10 @@ from folnet.atomic_write import atomic_write, atomic_write_text
 from folnet.errors import FolnetError, choices
 from folnet.read_files import parse_json
 from folnet.train.data.alphabet import bounded_alphabet
-from folnet.train.data.checks import first_undecodable_line
+from folnet.train.data.tokenizer_inputs import SPECIAL_TOKENS, chain_files, training_inputs
 
 __all__ = ["SPECIAL_TOKENS", "FolnetTokenizer", "load_tokenizer", "train_tokenizer"]
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _PAD, _UNK, _CLS, _SEP, _MASK = SPECIAL_TOKENS
 _PREFIX = "##"  # WordPiece continuing-subword prefix, as in BERT
 
@@ -66,10 +65,13 @@ class FolnetTokenizer:
             )
         self._tok = tokenizer
         self._ids = {name: int(tokenizer.token_to_id(name)) for name in SPECIAL_TOKENS}
-        # Explicit type ids: a freshly trained WordPiece has no post-processor at all.
+        # Explicit type ids: a freshly trained WordPiece has no post-processor at all. A
+        # byte-level BPE (`folnet.train.data.bpe`, the tokenizer for generation) adds no
+        # special token to a single text: a decoder's prompt is the text itself.
+        bert = self.wordpiece
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{_CLS}:0 $A:0 {_SEP}:0",
-            pair=f"{_CLS}:0 $A:0 {_SEP}:0 $B:1 {_SEP}:1",
+            single=f"{_CLS}:0 $A:0 {_SEP}:0" if bert else "$A:0",
+            pair=f"{_CLS}:0 $A:0 {_SEP}:0 $B:1 {_SEP}:1" if bert else f"$A:0 {_SEP}:0 $B:1",
             special_tokens=[(_CLS, self._ids[_CLS]), (_SEP, self._ids[_SEP])],
         )
         self._fingerprint: str | None = None
@@ -82,6 +84,11 @@ class FolnetTokenizer:
     cls_id = _special_id(_CLS)
     sep_id = _special_id(_SEP)
     mask_id = _special_id(_MASK)
+
+    @property
+    def wordpiece(self) -> bool:
+        """Whether this is a WordPiece vocabulary (BERT's), not a byte-level BPE."""
+        return json.loads(self._tok.to_str())["model"]["type"] == "WordPiece"
 
     @property
     def special_ids(self) -> frozenset[int]:
@@ -151,9 +158,13 @@ class FolnetTokenizer:
         # each file atomically: another process (a DDP rank, a from_pretrained) that reads the
         # directory while it is rewritten sees the old file or the new one, never half of one
         atomic_write(directory / "tokenizer.json", lambda tmp: self._tok.save(str(tmp)))
-        atomic_write_text(directory / "vocab.txt", "".join(tok + "\n" for tok in self.vocab()))
+        if self.wordpiece:  # BERT's portable format; a BPE has merges too (tokenizer.json)
+            atomic_write_text(directory / "vocab.txt",
+                              "".join(tok + "\n" for tok in self.vocab()))
         specials = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
                             SPECIAL_TOKENS, strict=True))
+        if not self.wordpiece:  # generation's start and end: [CLS] and [SEP]
+            specials.update(bos_token=_CLS, eos_token=_SEP)
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
                   "model_max_length": self.model_max_length, "padding_side": "right",
                   "truncation_side": "right", "clean_up_tokenization_spaces": False,
@@ -205,39 +216,6 @@ def _bert_pipeline(tokenizer: Tokenizer, lowercase: bool) -> Tokenizer:
     return tokenizer
 
 
-def _training_inputs(files: Sequence[str | os.PathLike[str]] | str | os.PathLike[str] | None,
-                     texts: Iterable[str] | Callable[[], Iterable[str]] | None,
-                     vocab_size: int, min_frequency: int
-                     ) -> tuple[list[Path], Callable[[], Iterable[str]]]:
-    """`train_tokenizer`'s arguments checked, each fault named: the files as paths, and the
-    texts as a callable that yields them afresh (the training reads them twice)."""
-    if files is None and texts is None:
-        raise FolnetError("train_tokenizer needs `files` or `texts`")
-    if isinstance(files, (str, os.PathLike)):
-        files = [files]  # a lone path is a common slip; accept it rather than iterate chars
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise FolnetError(f"vocab_size must be an integer, got {vocab_size!r}")
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise FolnetError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
-    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
-        raise FolnetError(f"min_frequency must be a positive integer, got {min_frequency!r}")
-    paths = [Path(f) for f in files or ()]
-    for path in paths:
-        if not path.is_file():
-            raise FolnetError(f"tokenizer training file {str(path)!r} does not exist")
-    if texts is None:
-        make_texts: Callable[[], Iterable[str]] = tuple
-    elif callable(texts):
-        make_texts = texts
-    else:
-        if not isinstance(texts, Sequence):
-            texts = list(texts)  # read twice below
-        kept = texts
-        make_texts = lambda: kept  # noqa: E731
-    return paths, make_texts
-
-
-
 def train_tokenizer(
     files: Sequence[str | os.PathLike[str]] | None = None,
     *,
@@ -265,10 +243,10 @@ def train_tokenizer(
     The alphabet is bounded too (`folnet.train.data.alphabet`): only the most frequent
     characters that fit in `vocab_size` are kept, with a warning when some are left out.
     """
-    paths, make_texts = _training_inputs(files, texts, vocab_size, min_frequency)
+    paths, make_texts = training_inputs(files, texts, vocab_size, min_frequency)
 
     def stream() -> Iterable[str]:
-        return _chain_files(paths, make_texts(), encoding)
+        return chain_files(paths, make_texts(), encoding)
 
     tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=_UNK)), lowercase)
     alphabet = bounded_alphabet(tokenizer.normalizer.normalize_str, stream(),
@@ -298,19 +276,6 @@ def train_tokenizer(
         raise FolnetError(f"the trained vocabulary has {trained.get_vocab_size()} entries, "
                           f"more than vocab_size {vocab_size}; please report this")
     return FolnetTokenizer(trained, source="<trained>")
-
-
-def _chain_files(paths: Sequence[Path], texts: Iterable[str], encoding: str) -> Iterator[str]:
-    for path in paths:
-        try:
-            with path.open(encoding=encoding) as handle:
-                yield from handle
-        except UnicodeDecodeError:
-            bad = first_undecodable_line(path, encoding)
-            where = f" on line {bad[0]} ({bad[1]})" if bad is not None else ""
-            raise FolnetError(f"tokenizer training file {str(path)!r} is not valid {encoding}"
-                              f"{where}; pass the file's encoding") from None
-    yield from texts
 
 
 def _infer_lowercase(vocab: Iterable[str]) -> bool:

@@ -35,6 +35,7 @@ from folnet.train.data.config import (
     OBJECTIVES,
     PretrainDataConfig,
 )
+from folnet.train.data.tokenizer_inputs import MIN_BPE_VOCAB, TOKENIZER_MODELS
 from folnet.train.engine.amp import PRECISIONS
 from folnet.train.engine.memory import parse_budget
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
@@ -123,6 +124,9 @@ class PretrainConfig(Options):
     tokenizer: str | None = option(None, "tokenizer.json, vocab.txt or a directory; default: "
                                          "train one on the corpus")
     vocab_size: int = option(32768, "vocabulary size when training the tokenizer")
+    tokenizer_model: str = option("wordpiece", "the tokenizer a run trains: wordpiece (BERT's, "
+                                  "uncased) or bpe (byte-level, cased: text round-trips "
+                                  "exactly and decodes as text; for generation)")
     seq_len: int = _data_option("seq_len", "tokens per sequence")
     objective: str = _data_option("objective", "an encoder's sentence-pair objective, nsp "
                                   "or sop; a decoder's, clm (the next token); an "
@@ -196,6 +200,7 @@ class PretrainConfig(Options):
                              ("save_every", 1), ("keep_last", 1), ("num_workers", 0),
                              ("max_bad_steps", 1)))
         self.check_choices((("kind", tuple(KIND_OBJECTIVES)), ("objective", OBJECTIVES),
+                            ("tokenizer_model", TOKENIZER_MODELS),
                             ("optimizer", OPTIMIZERS),
                             ("schedule", SCHEDULES), ("precision", PRECISIONS),
                             ("memory_mode", MEMORY_MODES)))
@@ -211,6 +216,9 @@ class PretrainConfig(Options):
         if self.kind != "encoder" and self.streaming:
             raise FolnetError(f"--streaming makes an encoder's sentence pairs; an {self.kind}'s "
                               f"packed rows come from the tokenised corpus (drop --streaming)")
+        if self.tokenizer_model == "bpe" and self.vocab_size < MIN_BPE_VOCAB:
+            raise FolnetError(f"--vocab-size {self.vocab_size}: a byte-level BPE needs at least "
+                              f"{MIN_BPE_VOCAB} (the special tokens and 256 bytes)")
         if not 0.0 <= self.heldout < 0.5:
             raise FolnetError(f"--heldout must lie in [0, 0.5), got {self.heldout}")
         if self.heldout and self.kind == "encoder":

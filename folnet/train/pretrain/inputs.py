@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from folnet.arch import build_model
 from folnet.errors import FolnetError
+from folnet.train.data.bpe import train_bpe_tokenizer
 from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.corpus import build_packed_dataset, build_pretraining_dataset
 from folnet.train.data.documents import iter_documents, resolve_sources
@@ -96,8 +97,8 @@ def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,
                                        seed=config.seed, encoding=config.encoding)
             return (sentence for document in documents for sentence in document)
 
-        tokenizer = _data_errors(lambda: train_tokenizer(texts=texts,
-                                                         vocab_size=config.vocab_size))
+        trainer = train_bpe_tokenizer if config.tokenizer_model == "bpe" else train_tokenizer
+        tokenizer = _data_errors(lambda: trainer(texts=texts, vocab_size=config.vocab_size))
         tokenizer.model_max_length = config.seq_len
         tokenizer.save(trained)
     barrier(ctx)
