@@ -606,6 +606,25 @@ def figure_layer_trace() -> str:
             + _table(["path", "folnet files", "crossings between files", "Python calls"], rows))
 
 
+def figure_kinship_generation() -> str:
+    """benchmarks/kinship_generation.py: the kinship questions answered by generation, per k."""
+    data = _read(FIGURES / "kinship_generation.json")
+    args = data["args"]
+    rows = [(r["kind"], r["k"], r["questions"], f"{r['exact_match']:.1f}", f"{r['f1']:.1f}",
+             f"{r['guess']:.1f}") for r in data["rows"]]
+    took = {r["kind"]: r for r in data["rows"]}
+    times = "; ".join(f"{kind}: pretraining {r['pretrain_s']:.0f} s, finetuning "
+                      f"{r['finetune_s']:.0f} s, generating {r['generate_s']:.0f} s"
+                      for kind, r in took.items())
+    return _measured(data, f"`benchmarks/kinship_generation.py`, tiny jmc.atp "
+                           f"models pretrained {args['steps']} steps on {args['documents']} "
+                           f"kinship documents, finetuned {args['epochs']} epochs on "
+                           f"{args['train']} questions of k 2 and 3, {args['test']} test "
+                           f"questions; {times}.",
+                     ["kind", "k", "questions", "exact match %", "F1 %",
+                      "the commonest training answer %"], rows)
+
+
 def figure_compile_step() -> str:
     """benchmarks/compile_step.py: the pretraining step eager and compiled, one process."""
     data = _read(FIGURES / "compile_step.json")
@@ -869,6 +888,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "figure-step-census": figure_step_census,
     "figure-step-bytes": figure_step_bytes,
     "figure-layer-trace": figure_layer_trace,
+    "figure-kinship-generation": figure_kinship_generation,
     "figure-compile-step": figure_compile_step,
     "figure-generate-static": figure_generate_static,
     "figure-tolerances": figure_tolerances,
