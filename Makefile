@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators lint setup clean \
+.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
 	kinship-fixture docs
 
 setup: $(VENV)/.installed
@@ -89,6 +89,12 @@ demo: setup
 # Its second part: the six-row operator ablation (folnet/specs/ablations/demo.toml, about 9 minutes).
 demo-operators: setup
 	$(PY) -m folnet ablate demo --jobs 2 --out runs/demo-operators
+
+# The main job asked of the generative kinds: j.a and jmc.atp as decoders and encoder-decoders,
+# pretrained, then finetuned to answer the symbolic kinship questions by generation
+# (folnet/specs/ablations/kinds.toml).
+demo-kinds: setup
+	$(PY) -m folnet ablate kinds --jobs 2 --out runs/demo-kinds
 
 # The stored start of tests/train/test_kinship_finetune.py: the shipped kinship-tiny pretraining
 # (800 steps, ~1.5 minutes), its model directory and its run_config.json as recipe.json.

@@ -297,7 +297,8 @@ ROW_KEYS = {
     "ops": "operator string (required)",
     "position": "rpe, ape, ape+rpe, rpe* or none",
     "D2": "width of the binary stream for this row",
-    "loss": "MLM.NSP or MLM.SOP",
+    "loss": "MLM.NSP or MLM.SOP (an encoder); CLM or PREFIX (a decoder: next token, PrefixLM), "
+            "SPAN (an encoder-decoder)",
     "paper": "reference figures printed beside the row's",
 }
 COMPARE_KEYS = {
@@ -625,6 +626,17 @@ def figure_kinship_generation() -> str:
                       "the commonest training answer %"], rows)
 
 
+def figure_decoder_text() -> str:
+    """benchmarks/decoder_text.py: what examples/decoder_text.py wrote at its recipe."""
+    data = _read(FIGURES / "decoder_text.json")
+    args = data["args"]
+    lines = "\n".join(f"{prompt}|{said}" for prompt, said in data["written"])
+    return (f"*`python examples/decoder_text.py` ({args['steps']} steps on "
+            f"{args['documents']} documents, {args['new_tokens']} new tokens), run by "
+            f"`benchmarks/decoder_text.py` {machine_line(data['machine'])}: "
+            f"{data['seconds'] / 60:.1f} minutes.*\n\n```text\n{lines}\n```")
+
+
 def figure_compile_step() -> str:
     """benchmarks/compile_step.py: the pretraining step eager and compiled, one process."""
     data = _read(FIGURES / "compile_step.json")
@@ -893,6 +905,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "figure-generate-static": figure_generate_static,
     "figure-tolerances": figure_tolerances,
     "step-estimate": step_estimate,
+    "figure-decoder-text": figure_decoder_text,
     "figure-demo": figure_demo,
     "figure-demo-record": figure_demo_record,
     "figure-against": figure_against,

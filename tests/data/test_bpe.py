@@ -69,6 +69,34 @@ def test_the_saved_directory_loads_in_folnet_and_transformers(tok, tmp_path):
     assert hf.eos_token_id == tok.sep_id
 
 
+def test_span_sentinels_are_special_tokens_that_transformers_loads(tok, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    with_them = tok.with_sentinels(100)
+    ids = with_them.sentinel_ids
+    assert ids == list(range(tok.vocab_size, tok.vocab_size + 100)) and tok.sentinel_ids == []
+    text = "Erin <extra_id_3> Frank."
+    assert with_them.encode(text) == tok.encode(text)  # never parsed out of text
+    said = with_them.decode([*tok.encode("Erin"), ids[3], *tok.encode(" Frank")])
+    assert "<extra_id_3>" in said
+    assert with_them.decode([ids[3], *tok.encode("Frank")], skip_special_tokens=True) == "Frank"
+    with_them.save(tmp_path / "s")
+    again = load_tokenizer(tmp_path / "s")
+    assert again.sentinel_ids == ids and again.fingerprint == with_them.fingerprint
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "s"))
+    assert hf.convert_tokens_to_ids("<extra_id_7>") == ids[7]
+    assert "<extra_id_99>" in hf.all_special_tokens  # additional_special_tokens, as 4.x names it
+    assert len(hf) == with_them.vocab_size
+
+
+def test_a_documents_sentences_end_to_end_decode_as_its_text(tok):
+    from folnet.train.data.pairs import tokenise_documents
+
+    document = ["Erin's grandfather is Frank.", "Frank has a sister, Ada.", "Ada sings."]
+    (arrays,) = tokenise_documents([document], tok)
+    ids = [int(t) for a in arrays for t in a]
+    assert tok.decode(ids) == " ".join(document)  # a space between sentences, no other
+
+
 def test_bad_sizes_and_an_empty_corpus_are_refused():
     with pytest.raises(FolnetError, match=f"at least {MIN_BPE_VOCAB} for a byte-level BPE"):
         train_bpe_tokenizer(texts=TEXTS, vocab_size=100)

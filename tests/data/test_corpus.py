@@ -395,7 +395,8 @@ def test_malformed_records(tmp_path, tok):
     [
         ("seq_len", 4, r"seq_len must be an integer >= 8, got 4"),
         ("seq_len", True, r"seq_len must be an integer >= 8"),
-        ("objective", "mlm", r"objective must be 'nsp', 'sop', 'clm' or 'span', got 'mlm'"),
+        ("objective", "mlm",
+         r"objective must be 'nsp', 'sop', 'clm', 'prefix' or 'span', got 'mlm'"),
         ("mlm_probability", 0.0, r"mlm_probability must lie in \(0, 1\), got 0.0"),
         ("mlm_probability", 1.2, r"mlm_probability must lie in \(0, 1\)"),
         ("short_seq_prob", 1.0, r"short_seq_prob must lie in \[0, 1\)"),

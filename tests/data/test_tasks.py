@@ -41,14 +41,17 @@ def tsv(*rows: tuple[str, ...]) -> str:
 def test_registry_table() -> None:
     assert list(TASKS) == [
         "glue/mnli", "glue/qqp", "glue/qnli", "glue/sst2", "glue/cola", "glue/stsb",
-        "glue/mrpc", "glue/rte", "squad2", "folio", "clutrr", "kinship", "kinship/symbolic",
+        "glue/mrpc", "glue/rte", "squad2", "folio", "clutrr", "clutrr/generate", "kinship",
+        "kinship/symbolic", "kinship/generate", "kinship/symbolic/generate",
     ]  # fmt: skip
     # every task is read, encoded and scored by its registered family; only the kinship ones are
-    # generated (no data directory)
+    # generated (no data directory); the generation twins are their family's
     assert {name: family_of(name).name for name in TASKS} == {
         name: name.split("/")[0] for name in TASKS}
-    assert [name for name in TASKS if family_of(name).generated] == ["kinship",
-                                                                     "kinship/symbolic"]
+    assert [name for name in TASKS if family_of(name).generated] == [
+        "kinship", "kinship/symbolic", "kinship/generate", "kinship/symbolic/generate"]
+    assert [name for name in TASKS if get_task(name).kind == "generation"] == [
+        "clutrr/generate", "kinship/generate", "kinship/symbolic/generate"]
     assert family_of("squad2").official is not None and family_of("glue/rte").official is None
     mnli = get_task("glue/mnli")
     assert mnli.eval_splits == ("validation_matched", "validation_mismatched")

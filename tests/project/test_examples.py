@@ -22,6 +22,9 @@ RUNS = {
                               "2", "--documents", "40", "--train-size", "16",
                               "--test-per-k", "2"],
                              ["pretrained j.at (tiny preset) for 2 steps", "k = 10"]),
+    "decoder_text.py": (["--out", "runs", "--steps", "2", "--documents", "40", "--new-tokens",
+                         "4"], ["pretrained a jmc.atp decoder for 2 steps",
+                                "Judith is the daughter of|"]),
     "hf_trainer.py": (["--steps", "3"], ["FolnetForSequenceClassification over jmc.atp",
                                          "'eval_accuracy'"]),
 }

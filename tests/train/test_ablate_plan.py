@@ -33,6 +33,12 @@ def test_shipped_plans_load():
     assert demo.rows[5].position == "none" and demo.seeds >= 3
     stories = load_plan("stories")  # pretraining on the English stories stays available
     assert stories.data == "kinship" and stories.tasks == ("kinship",)
+    kinds = load_plan("kinds")  # the main job asked of the generative kinds
+    assert [(r.ops, r.kind) for r in kinds.rows] == [
+        ("j.a", "decoder"), ("jmc.atp", "decoder"), ("j.a", "encoder-decoder"),
+        ("jmc.atp", "encoder-decoder")]
+    assert [r.name for r in kinds.rows][:1] == ["j.a RPE CLM"]
+    assert kinds.tasks == ("kinship/symbolic/generate",) and kinds.seeds >= 3
 
 
 @pytest.mark.parametrize(
@@ -56,6 +62,13 @@ def test_shipped_plans_load():
         ({"pretrain": {"preset": "tiny", "ops": "j.a"}}, r"must not set 'ops'"),
         ({"finetune": {"seeds": 3}}, r"\[finetune\] must not set 'seeds'.*whole rows"),
         ({"pretrain": {"preset": "tiny", "lr_peak": 1}}, r"unknown option\(s\) \['lr_peak'\]"),
+        ({"pretrain": {"preset": "tiny", "kind": "decoder"}}, r"must not set 'kind'"),
+        ({"rows": [{"ops": "j.a", "loss": "CLM"}]},
+         r"row 1 \('j.a RPE CLM'\): loss CLM pretrains a model of kind 'decoder', and task "
+         r"'kinship' needs "
+         r"loss MLM.NSP or MLM.SOP"),
+        ({"rows": [{"ops": "j.a"}], "tasks": ["kinship/generate"]},
+         r"task 'kinship/generate' needs loss CLM, PREFIX or SPAN"),
     ],
 )
 def test_bad_plans_fail_before_training(changes, match):
@@ -79,3 +92,14 @@ def test_overrides_apply():
     p = parse_plan_dict(BASE, source="x", overrides={"steps": 7, "preset": "small", "seeds": 3})
     assert dict(p.pretrain)["steps"] == 7 and dict(p.pretrain)["preset"] == "small"
     assert p.seeds == 3
+
+
+def test_the_help_lists_every_bundled_plan(capsys):
+    from folnet.read_files import specs_dir
+
+    with pytest.raises(SystemExit):
+        cli_main(["ablate", "--help"])
+    said = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse's wrapping
+    names = sorted(p.stem for p in (specs_dir() / "ablations").glob("*.toml"))
+    assert {"custom-operator", "kinds", "pretraining"} <= set(names)
+    assert f"a bundled plan ({', '.join(names)}:" in said

@@ -278,3 +278,11 @@ def test_clutrr_csv_labels_from_train_file(tmp_path, pretrained):
     assert [r["label"] for r in rows] == ["daughter", "son", "son-in-law"]
     meta = json.loads((out / "model" / "config.json").read_text())
     assert meta["labels"] == result["labels"]
+    # the label names reach transformers, where pipelines and model cards read them
+    assert meta["id2label"] == {str(i): name for i, name in enumerate(result["labels"])}
+    transformers = pytest.importorskip("transformers")
+    import folnet.hf  # noqa: F401  (registers the Auto classes)
+
+    config = transformers.AutoConfig.from_pretrained(str(out / "model"))
+    assert [config.id2label[i] for i in range(len(result["labels"]))] == result["labels"]
+    assert config.label2id["son-in-law"] == result["labels"].index("son-in-law")

@@ -1,7 +1,7 @@
-"""`folnet pretrain --kind decoder` (the next token over packed documents) and `--kind
-encoder-decoder` (span corruption), through the same command, options and run machinery as the
-encoder's: the log's own columns, the final model that generates, a resume after SIGKILL equal
-to the uninterrupted run, and two gloo processes equal to one."""
+"""`folnet pretrain --kind decoder` (the next token over packed documents, or after a prefix:
+the PrefixLM) and `--kind encoder-decoder` (span corruption), through the same command, options
+and run machinery as the encoder's: the log's own columns, the final model that generates, a
+resume after SIGKILL equal to the uninterrupted run, and two gloo processes equal to one."""
 
 from __future__ import annotations
 
@@ -55,11 +55,14 @@ def tokenizer_dir(tmp_path_factory) -> str:
 
 #: Each kind beside the encoder, and its objective.
 KINDS = {"decoder": "clm", "encoder-decoder": "span"}
+#: ... and the decoder's PrefixLM too: (kind, objective).
+RUNS = [("decoder", "clm"), ("decoder", "prefix"), ("encoder-decoder", "span")]
 
 
-def args(out: Path, tokenizer: str, steps: int, *extra: str, kind: str = "decoder"
-         ) -> list[str]:
-    return ["pretrain", "--kind", kind, "--objective", KINDS[kind], "--preset", "tiny",
+def args(out: Path, tokenizer: str, steps: int, *extra: str, kind: str = "decoder",
+         objective: str | None = None) -> list[str]:
+    objective = objective or KINDS[kind]
+    return ["pretrain", "--kind", kind, "--objective", objective, "--preset", "tiny",
             "--data", "kinship", "--kinship-documents", "60", "--tokenizer", tokenizer,
             "--seq-len", "32", "--batch-size", "8", "--grad-accum", "2", "--steps", str(steps),
             "--lr", "5e-3", "--warmup-ratio", "0.1", "--log-every", "1", "--save-every", "3",
@@ -67,10 +70,12 @@ def args(out: Path, tokenizer: str, steps: int, *extra: str, kind: str = "decode
             "--out", str(out), *extra]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_each_kind_pretrains_on_kinship_and_its_model_generates(tmp_path, tokenizer_dir, kind):
+@pytest.mark.parametrize(("kind", "objective"), RUNS)
+def test_each_kind_pretrains_on_kinship_and_its_model_generates(tmp_path, tokenizer_dir, kind,
+                                                                objective):
     assert main(args(tmp_path / "run", tokenizer_dir, 12, "--optimizer", "adamw",
-                     "--heldout", "0.1", "--save-every", "6", kind=kind)) == 0
+                     "--heldout", "0.1", "--save-every", "6", kind=kind,
+                     objective=objective)) == 0
     log = read_log(tmp_path / "run" / "log.jsonl")
     assert [r["step"] for r in log] == list(range(1, 13))
     assert {"loss", "lm_acc", "perplexity"} <= log[0].keys() and "mlm_loss" not in log[0]
@@ -94,7 +99,10 @@ def test_each_kind_pretrains_on_kinship_and_its_model_generates(tmp_path, tokeni
         assert torch.equal(out[:, : prompt.shape[1]], prompt)
     else:  # the decoder's tokens (behind its start token), the sentinels among the vocabulary
         assert out.shape[0] == 1 and 2 <= out.shape[1] <= 6
-        assert model.cfg.vocab_size == tok.vocab_size + SENTINELS
+        assert model.cfg.vocab_size == tok.vocab_size and len(tok.sentinel_ids) == SENTINELS
+        said = tok.decode(out[0].tolist())  # a sentinel decodes by its name, or is skipped
+        assert all(f"<extra_id_{i}>" in said for i in range(SENTINELS) if
+                   tok.sentinel_ids[i] in out[0].tolist())
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -127,20 +135,21 @@ def test_a_decoder_with_its_own_bpe_tokenizer_generates_text(tmp_path):
 
 
 @pytest.mark.slow(seconds=40)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "objective"), RUNS)
 def test_sigkill_then_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, tokenizer_dir,
-                                                                        kind):
+                                                                        kind, objective):
     def launch(command: list[str]) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "folnet.train.pretrain", *command[1:]],
                                 env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     steps = 6
-    reference = launch(args(tmp_path / "ref", tokenizer_dir, steps, kind=kind))
-    victim = launch(args(tmp_path / "run", tokenizer_dir, steps, kind=kind))
+    run = {"kind": kind, "objective": objective}
+    reference = launch(args(tmp_path / "ref", tokenizer_dir, steps, **run))
+    victim = launch(args(tmp_path / "run", tokenizer_dir, steps, **run))
     kill_at_first_checkpoint(victim, tmp_path / "run")
     assert not (tmp_path / "run" / "final").exists(), "the run finished before the kill"
     assert reference.wait() == 0, reference.stdout.read().decode()
-    resumed = launch(args(tmp_path / "run", tokenizer_dir, steps, "--resume", kind=kind))
+    resumed = launch(args(tmp_path / "run", tokenizer_dir, steps, "--resume", **run))
     output = resumed.communicate()[0].decode()
     assert resumed.returncode == 0 and "resumed from" in output, output
     a = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
@@ -185,8 +194,8 @@ def test_two_gloo_processes_match_one_process(tmp_path, tokenizer_dir, kind):
 
 def test_the_objective_and_kind_must_agree(capsys, tmp_path):
     err = cli_error(capsys, ["pretrain", "--kind", "decoder", "--out", str(tmp_path / "a")])
-    assert "--objective nsp is not a decoder's: --kind decoder pretrains with --objective clm" \
-        in err
+    assert "--objective nsp is not a decoder's: --kind decoder pretrains with --objective clm " \
+        "or prefix" in err
     err = cli_error(capsys, ["pretrain", "--objective", "clm", "--out", str(tmp_path / "b")])
     assert "--objective clm is not an encoder's: --kind encoder pretrains with --objective " \
            "nsp or sop" in err

@@ -111,7 +111,14 @@ def test_span_rows_corrupt_packed_rows_the_same_way_every_time(tmp_path):
     from folnet.train.data.tokenizer import train_tokenizer
 
     texts = [s for d in pretraining_documents(30, seed=0) for s in d]
-    tok = train_tokenizer(texts=texts, vocab_size=200)
+    plain = train_tokenizer(texts=texts, vocab_size=200)
+    with pytest.raises(FolnetError, match="span corruption needs 100 sentinel tokens"):
+        build_span_dataset("kinship", plain, PretrainDataConfig(
+            seq_len=32, objective="span", kinship_documents=30, cache_dir=str(tmp_path / "c")))
+    tok = plain.with_sentinels(SENTINELS)
+    assert tok.vocab_size == plain.vocab_size + SENTINELS
+    assert tok.sentinel_ids == list(range(plain.vocab_size, plain.vocab_size + SENTINELS))
+    assert tok.with_sentinels(SENTINELS) is tok and plain.sentinel_ids == []
     config = PretrainDataConfig(seq_len=32, objective="span", kinship_documents=30,
                                 cache_dir=str(tmp_path / "cache"))
     data = build_span_dataset("kinship", tok, config)
@@ -119,7 +126,7 @@ def test_span_rows_corrupt_packed_rows_the_same_way_every_time(tmp_path):
     rows = build_packed_dataset("kinship", tok, PretrainDataConfig(
         seq_len=raw, objective="span", kinship_documents=30, cache_dir=str(tmp_path / "cache")))
     assert len(data) == len(rows) > 3
-    sentinels = set(range(tok.vocab_size, tok.vocab_size + SENTINELS))
+    sentinels = set(tok.sentinel_ids)
     for i in (0, 1, len(data) - 2):  # full rows
         item = data[i]
         assert item["attention_mask"].all() and item["input_ids"].shape == (32,)

@@ -11,9 +11,20 @@ import argparse
 from folnet.cli import add_operators_flag, register_command, register_operator_file
 
 
+def _bundled_plans() -> str:
+    """The bundled plans' names, read from folnet/specs/ablations (so a new one is listed)."""
+    from folnet.errors import FolnetError
+    from folnet.read_files import specs_dir
+
+    try:
+        return ", ".join(sorted(p.stem for p in (specs_dir() / "ablations").glob("*.toml")))
+    except (FolnetError, OSError):
+        return "none found"
+
+
 def _configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="plan file, or the name of a bundled plan (pretraining, demo, "
-                   "stories, table3: folnet/specs/ablations)")
+    p.add_argument("plan", help=f"plan file, or the name of a bundled plan ({_bundled_plans()}: "
+                   "folnet/specs/ablations)")
     p.add_argument("--out", default=None, help="output directory (default: runs/ablate-NAME)")
     p.add_argument("--preset", default=None, help="model preset for every row (default: the "
                    "plan's)")

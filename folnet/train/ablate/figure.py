@@ -25,6 +25,10 @@ from folnet.train.ablate.summary import k_of, per_k
 __all__ = ["plot", "plot_sweep"]
 
 
+#: How a row's pretraining loss reads in the loss panel's title.
+_LOSS_NAMES = {"MLM.NSP": "MLM + NSP", "MLM.SOP": "MLM + SOP", "CLM": "next token",
+               "PREFIX": "PrefixLM", "SPAN": "span corruption"}
+
 def _per_k_metrics(rows: list[dict[str, Any]]) -> tuple[str, list[str]] | None:
     """(task, its per-k metric names by k) of the first task scored per chain length."""
     for row in rows:
@@ -123,8 +127,10 @@ def plot(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
         _accuracy_by_k(axes[0], rows, *found)
     else:
         _bars(axes[0], rows)
+    losses = ", ".join(dict.fromkeys(_LOSS_NAMES.get(r.get("loss"), str(r.get("loss")))
+                                     for r in rows))
     _curves(axes[1], rows, lambda r: r.get("loss_curve"), "pretraining step",
-            "pretraining loss (MLM + NSP/SOP)")
+            f"pretraining loss ({losses})")
     task = found[0] if found else next(iter(rows[0].get("metrics", {})), None)
     _curves(axes[2], rows, lambda r: r.get("finetune_curves", {}).get(task),
             "finetuning step", f"finetuning loss ({task})")

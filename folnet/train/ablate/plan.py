@@ -20,7 +20,7 @@ A plan::
     name = "jmc.atp D2=16"           # optional; unique
     position = "rpe"                 # rpe, ape, rpe* or none
     D2 = 16
-    loss = "MLM.NSP"                 # or MLM.SOP
+    loss = "MLM.NSP"                 # or MLM.SOP; CLM, PREFIX (a decoder), SPAN (enc-dec)
 
     [compare]                        # optional: what pretraining adds (see `Compare`)
     scratch_steps = 1                # pretraining steps of the "scratch" arm
@@ -53,7 +53,12 @@ from folnet.train.options import read_toml
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.tasks import family_of, get_task
 
-LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop"}
+#: A row's pretraining loss -> `folnet pretrain`'s objective; the losses of the generative kinds
+#: name the kind they pretrain (`LOSS_KINDS`): next-token prediction for a decoder (CLM, or
+#: PREFIX for the PrefixLM), span corruption for an encoder-decoder.
+LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop", "CLM": "clm", "PREFIX": "prefix", "SPAN": "span"}
+LOSS_KINDS = {"MLM.NSP": "encoder", "MLM.SOP": "encoder", "CLM": "decoder",
+              "PREFIX": "decoder", "SPAN": "encoder-decoder"}
 PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "operators",
              "pretrain", "finetune", "rows", "compare", "set")
 ROW_KEYS = ("name", "ops", "position", "D2", "loss", "paper")
@@ -83,6 +88,11 @@ class AblationRow:
         """A directory name for the row's runs."""
         name = self.name.replace("*", "star")
         return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name).strip("_") or "row"
+
+    @property
+    def kind(self) -> str:
+        """The kind of model the row pretrains: its loss says (`LOSS_KINDS`)."""
+        return LOSS_KINDS[self.loss]
 
     @property
     def model_overrides(self) -> dict[str, Any]:
@@ -184,7 +194,7 @@ def _row(raw: Any, index: int, plan_name: str, preset: str, num_layers: int) -> 
     if not isinstance(paper, Mapping):
         raise FolnetError(f"{where}: 'paper' must be a table of reference figures")
     name = raw.get("name") or f"{ops} {position.upper()}" + (f" D2={d2}" if d2 else "") + (
-        " SOP" if loss == "MLM.SOP" else "")
+        "" if loss == "MLM.NSP" else f" {loss.removeprefix('MLM.')}")
     return AblationRow(name=str(name), ops=ops, position=position, D2=d2, loss=loss,
                        paper=tuple(paper.items()))
 
@@ -202,7 +212,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     for key in ("preset", "steps"):
         if overrides.get(key) is not None:
             pretrain[key] = overrides[key]
-    for key in ("ops", "out", "data", "objective", "resume"):
+    for key in ("ops", "out", "data", "objective", "kind", "resume"):
         if key in pretrain:
             raise FolnetError(f"{source}: [pretrain] must not set {key!r}; the plan sets it "
                               f"per row")
@@ -240,6 +250,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     tasks = tuple(overrides.get("tasks") or data.get("tasks", ("kinship",)))
     task_data = {**dict(data.get("task_data", {})), **dict(overrides.get("task_data") or {})}
     _check_tasks(name, tasks, task_data)
+    _check_kinds(name, rows, tasks)
     seeds = int(overrides.get("seeds") or data.get("seeds", 1))
     if seeds < 1:
         raise FolnetError(f"plan {name!r}: seeds must be >= 1, got {seeds}")
@@ -303,6 +314,20 @@ def _compare(raw: Any, name: str, steps: int, finetune: Mapping[str, Any]) -> Co
         except FolnetError as exc:
             raise FolnetError(f"{where}: sweep {option} = {value!r}: {exc}") from None
     return Compare(scratch_steps=scratch, option=str(option), values=tuple(values))
+
+
+def _check_kinds(name: str, rows: Sequence[AblationRow], tasks: tuple[str, ...]) -> None:
+    """Every task fits every row's kind: a task answered by generation needs a decoder or an
+    encoder-decoder (loss CLM or SPAN), every other task an encoder (MLM.NSP or MLM.SOP)."""
+    for task in tasks:
+        generative = get_task(task).kind == "generation"
+        for i, row in enumerate(rows):
+            if (row.kind != "encoder") != generative:
+                need = "CLM, PREFIX or SPAN (a decoder or an encoder-decoder)" if generative else \
+                    "MLM.NSP or MLM.SOP (an encoder)"
+                raise FolnetError(f"plan {name!r} row {i + 1} ({row.name!r}): loss {row.loss} "
+                                  f"pretrains a model of kind {row.kind!r}, and task {task!r} "
+                                  f"needs loss {need}")
 
 
 def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]) -> None:

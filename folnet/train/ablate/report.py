@@ -141,7 +141,7 @@ def markdown_table(rows: list[dict[str, Any]], *, title: str = "") -> str:
     metrics = metric_columns(rows)
     papers = sorted({k for r in rows for k in r.get("paper", {})})
     head = ["#", "Model", "Params", "PE", "D2", "Loss", "Seeds", "FLOPs/token", "tokens/s",
-            "MLM loss"]
+            "pretraining loss"]
     head += [f"{task} {name}" for task, name in metrics]
     head += [f"paper {k}" for k in papers]
     lines = [f"### {title}", ""] if title else []
@@ -151,7 +151,7 @@ def markdown_table(rows: list[dict[str, Any]], *, title: str = "") -> str:
         cells = [str(i), f"FOLNet: {r['ops']}", f"{r['params'] / 1e6:.2f}M",
                  r["position"].upper(), str(r["D2"]), r["loss"], str(r.get("num_seeds", 1)),
                  f"{r['flops_per_token'] / 1e6:.1f}M", _spread(tps, ".0f", interval=False),
-                 _spread(r.get("mlm_loss"))]
+                 _spread(r.get("mlm_loss") or r.get("final_loss"))]
         cells += [_spread(r.get("metrics", {}).get(t, {}).get(n)) for t, n in metrics]
         cells += [_fmt(r.get("paper", {}).get(k)) for k in papers]
         lines.append("| " + " | ".join(cells) + " |")

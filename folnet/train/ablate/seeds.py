@@ -68,7 +68,7 @@ def _pretrain_config(plan: AblationPlan, row: AblationRow, run_dir: Path, seed: 
         shared["steps"] = steps
     model = {**dict(shared.pop("model", {})), **row.model_overrides}
     return load_pretrain_config(None, {
-        **shared, "ops": row.ops, "data": data, "objective": LOSSES[row.loss],
+        **shared, "ops": row.ops, "data": data, "objective": LOSSES[row.loss], "kind": row.kind,
         "model": model, "operators": list(plan.operators), "out": str(run_dir),
         "resume": "auto",
         "seed": pretrain_seed(plan, seed), "progress": progress, "tensorboard": False})
@@ -100,9 +100,11 @@ def _pretrain_stats(run_dir: Path) -> dict[str, Any]:
 
 
 def _model_stats(cfg: ModelConfig, seq_len: int) -> dict[str, Any]:
-    """Parameters (bare encoder, like the paper's column) and FLOPs per token."""
+    """Parameters (bare encoder, like the paper's column) and FLOPs per token. A decoder's or
+    an encoder-decoder's are those of the encoder of its shape: one stack, where an
+    encoder-decoder has two."""
     with torch.device("meta"):
-        model = FolnetModel(cfg)
+        model = FolnetModel(cfg.replace(kind="encoder"))
     info = model_info(model, seq_len)
     return {"params": info.total_params, "flops_per_token": info.flops_forward / seq_len}
 

@@ -16,9 +16,10 @@ __all__ = ["KIND_OBJECTIVES", "OBJECTIVES", "PretrainDataConfig"]
 
 #: What each kind of model pretrains on: an encoder, masked tokens with a sentence-pair
 #: objective (next-sentence or sentence-order prediction); a decoder, the next token over
-#: packed documents ("clm", `folnet.train.data.packing`); an encoder-decoder, the spans cut
-#: out of packed rows ("span", `folnet.train.data.spans`).
-KIND_OBJECTIVES = {"encoder": ("nsp", "sop"), "decoder": ("clm",),
+#: packed documents ("clm", `folnet.train.data.packing`) or after a prefix it reads both ways
+#: ("prefix", the PrefixLM: `folnet.train.data.prefix_rows`); an encoder-decoder, the spans
+#: cut out of packed rows ("span", `folnet.train.data.spans`).
+KIND_OBJECTIVES = {"encoder": ("nsp", "sop"), "decoder": ("clm", "prefix"),
                    "encoder-decoder": ("span",)}
 OBJECTIVES = tuple(o for objectives in KIND_OBJECTIVES.values() for o in objectives)
 

@@ -356,14 +356,16 @@ def build_packed_dataset(source: CorpusSource, tokenizer: FolnetTokenizer,
                          config: PretrainDataConfig | None = None, *, part: str = "train"
                          ) -> PackedDataset:
     """Tokenise `source` (the cache shared with `build_pretraining_dataset`) and pack its
-    documents, each ending in [SEP], into rows of ``config.seq_len``; cached as its own entry.
+    documents, each ending in [SEP], into rows of ``config.seq_len`` (for the PrefixLM, objective
+    "prefix", a document per row); cached as its own entry.
     ``part``: the documents `heldout_documents` leaves for training ("train") or holds out
     ("heldout") at ``config.heldout``."""
     config = config or PretrainDataConfig(objective="clm")
     parts = resolve_sources(source)
     corpus = _Corpus.of(parts, tokenizer, config)
+    alone = config.objective == "prefix"  # a document per row (`pack_documents`)
     key = _key("rows", _CACHE_FORMAT, corpus.key, config.seq_len, config.heldout, config.seed,
-               part)
+               part, *(("alone",) if alone else ()))
     rows_dir = corpus.root / f"rows-{key}" if corpus.root else None
     names = ("ids", "documents", "lengths")
     cached = _load(rows_dir, names)
@@ -376,7 +378,7 @@ def build_packed_dataset(source: CorpusSource, tokenizer: FolnetTokenizer,
     held = heldout_documents(len(documents), config.heldout, config.seed)
     documents = [d for i, d in enumerate(documents) if (i in held) == (part == "heldout")]
     rows = list(pack_documents((np.concatenate(d) for d in documents if d), config.seq_len,
-                               end=tokenizer.sep_id, pad=tokenizer.pad_id))
+                               end=tokenizer.sep_id, pad=tokenizer.pad_id, alone=alone))
     if not rows:
         raise FolnetError(f"corpus {_where(source)} holds no token to pack"
                           + (" in its held-out documents" if part == "heldout" else ""))

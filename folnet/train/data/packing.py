@@ -38,10 +38,12 @@ def heldout_documents(count: int, fraction: float, seed: int) -> frozenset[int]:
 
 
 def pack_documents(documents: Iterable[Iterable[int]], seq_len: int, end: int, *,
-                   pad: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+                   pad: int = 0, alone: bool = False
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
     """(token ids, document ids, real tokens) of each packed row of ``seq_len`` tokens; each
     document is its tokens then ``end``. The last row is padded with ``pad`` (document id -1)
-    after its real tokens; an empty document is skipped."""
+    after its real tokens; an empty document is skipped. ``alone``: no row holds two documents
+    (each document's last row is padded; the PrefixLM's rows)."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         raise FolnetError(f"pack_documents: seq_len must be an integer >= 2, got {seq_len!r}")
     ids = np.empty(seq_len, dtype=np.int64)
@@ -61,6 +63,10 @@ def pack_documents(documents: Iterable[Iterable[int]], seq_len: int, end: int, *
             if filled == seq_len:
                 yield ids.copy(), docs.copy(), seq_len
                 filled, piece = 0, 0
+        if alone and filled:
+            ids[filled:], docs[filled:] = pad, -1
+            yield ids.copy(), docs.copy(), filled
+            filled, piece = 0, 0
     if filled:
         ids[filled:], docs[filled:] = pad, -1
         yield ids.copy(), docs.copy(), filled
@@ -73,6 +79,7 @@ class PackedCollator:
     ``apply_mask`` passes a batch through."""
 
     DECODER = ("input_ids", "document_ids", "attention_mask")
+    PREFIX = (*DECODER, "prefix_lengths")  # `folnet.train.data.prefix_rows`
     ENCODER_DECODER = ("input_ids", "attention_mask", "labels", "decoder_attention_mask")
 
     def __init__(self, keys: Sequence[str] = DECODER) -> None:

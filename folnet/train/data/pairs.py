@@ -33,12 +33,16 @@ def tokenise_documents(
     documents: Iterable[list[str]], tokenizer: FolnetTokenizer, batch_documents: int = 256
 ) -> Iterator[Document]:
     """Documents of sentences -> documents of id arrays; empty sentences/documents dropped.
-    Sentences of `batch_documents` documents go to the Rust tokenizer in one call."""
+    Sentences of `batch_documents` documents go to the Rust tokenizer in one call. A byte-level
+    BPE reads every sentence but a document's first after a space, so that a document's
+    sentences laid end to end (a decoder's packed rows) decode as its text."""
     dtype = token_dtype(tokenizer)
+    spaced = not tokenizer.wordpiece  # WordPiece ignores the space; a BPE keeps it
     batch: list[list[str]] = []
 
     def flush() -> Iterator[Document]:
-        flat = [sentence for document in batch for sentence in document]
+        flat = [" " + sentence if spaced and i else sentence
+                for document in batch for i, sentence in enumerate(document)]
         ids = iter(tokenizer.encode_batch(flat))
         for document in batch:
             arrays = [np.asarray(next(ids), dtype=dtype) for _ in document]

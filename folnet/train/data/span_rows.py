@@ -5,8 +5,10 @@
 The packed rows are as long as the longest that corrupts into ``seq_len`` input tokens
 (`raw_length`), so that every full row's input is exactly ``seq_len`` long and its target
 ``target_length`` (the last row, shorter, is padded; its target labels -100 there). The
-sentinels are ids above the tokenizer's vocabulary -- T5's extra ids, `SENTINELS` of them, the
-model's vocabulary grown by as many (`folnet.train.pretrain.inputs.build_pretraining_model`).
+sentinels are special tokens at the end of the tokenizer's vocabulary -- T5's extra ids
+``<extra_id_0>`` ..., `SENTINELS` of them, which the run adds to its tokenizer
+(`folnet.train.data.tokenizer.FolnetTokenizer.with_sentinels`), so that the model's vocabulary
+is the tokenizer's and decoding names them.
 
 Each row's corruption is drawn once, from a generator seeded by the run's seed and the row's
 index: the same row corrupts the same way in every epoch and after a resume, with nothing to
@@ -67,7 +69,11 @@ class SpanDataset(Dataset):
                  config: PretrainDataConfig, raw: int) -> None:
         self.rows, self.config, self.raw = rows, config, raw
         self.end, self.pad = tokenizer.sep_id, tokenizer.pad_id
-        self.sentinels = list(range(tokenizer.vocab_size, tokenizer.vocab_size + SENTINELS))
+        self.sentinels = tokenizer.sentinel_ids[:SENTINELS]
+        if len(self.sentinels) < SENTINELS:
+            raise FolnetError(f"span corruption needs {SENTINELS} sentinel tokens "
+                              f"(<extra_id_0> ...) in the tokenizer, which has "
+                              f"{len(self.sentinels)}: use FolnetTokenizer.with_sentinels")
         self.target_length = corrupted_lengths(raw, config.span_rate, config.mean_span)[1]
         self.cache_status, self.num_documents = rows.cache_status, rows.num_documents
 

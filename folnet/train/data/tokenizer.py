@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import (
+    AddedToken,
     Tokenizer,
     decoders,
     models,
@@ -29,7 +30,12 @@ from folnet.atomic_write import atomic_write, atomic_write_text
 from folnet.errors import FolnetError, choices
 from folnet.read_files import parse_json
 from folnet.train.data.alphabet import bounded_alphabet
-from folnet.train.data.tokenizer_inputs import SPECIAL_TOKENS, chain_files, training_inputs
+from folnet.train.data.tokenizer_inputs import (
+    SENTINEL_TOKEN,
+    SPECIAL_TOKENS,
+    chain_files,
+    training_inputs,
+)
 
 __all__ = ["SPECIAL_TOKENS", "FolnetTokenizer", "load_tokenizer", "train_tokenizer"]
 
@@ -94,6 +100,28 @@ class FolnetTokenizer:
     def special_ids(self) -> frozenset[int]:
         """Ids that masking must never choose and never sample as a random replacement."""
         return frozenset(self._ids.values())
+
+    @property
+    def sentinel_ids(self) -> list[int]:
+        """The ids of the span sentinels ``<extra_id_0>``, ``<extra_id_1>``, ... the
+        vocabulary holds (T5's extra ids; none unless `with_sentinels` added them)."""
+        found: list[int] = []
+        while (i := self._tok.token_to_id(SENTINEL_TOKEN.format(len(found)))) is not None:
+            found.append(int(i))
+        return found
+
+    def with_sentinels(self, count: int) -> FolnetTokenizer:
+        """This vocabulary with ``count`` span sentinels (special tokens: never split out of
+        text, dropped by ``decode(skip_special_tokens=True)``), added after its tokens where
+        missing; ``self`` when it has them all. An encoder-decoder's pretraining needs them
+        (`folnet.train.data.span_rows`)."""
+        have = len(self.sentinel_ids)
+        if have >= count:
+            return self
+        tokenizer = Tokenizer.from_str(self._tok.to_str())
+        tokenizer.add_special_tokens([AddedToken(SENTINEL_TOKEN.format(i), special=True)
+                                      for i in range(have, count)])
+        return FolnetTokenizer(tokenizer, model_max_length=self.model_max_length)
 
     @property
     def vocab_size(self) -> int:
@@ -165,6 +193,9 @@ class FolnetTokenizer:
                             SPECIAL_TOKENS, strict=True))
         if not self.wordpiece:  # generation's start and end: [CLS] and [SEP]
             specials.update(bos_token=_CLS, eos_token=_SEP)
+        if sentinels := self.sentinel_ids:  # span corruption's (T5's extra ids)
+            specials["additional_special_tokens"] = [SENTINEL_TOKEN.format(i)
+                                                     for i in range(len(sentinels))]
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
                   "model_max_length": self.model_max_length, "padding_side": "right",
                   "truncation_side": "right", "clean_up_tokenization_spaces": False,

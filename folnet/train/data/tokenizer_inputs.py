@@ -11,11 +11,13 @@ from pathlib import Path
 from folnet.errors import FolnetError
 from folnet.train.data.checks import first_undecodable_line
 
-__all__ = ["MIN_BPE_VOCAB", "SPECIAL_TOKENS", "TOKENIZER_MODELS", "chain_files",
+__all__ = ["MIN_BPE_VOCAB", "SENTINEL_TOKEN", "SPECIAL_TOKENS", "TOKENIZER_MODELS", "chain_files",
            "training_inputs"]
 
 #: The special tokens every folnet vocabulary starts with, in this order (ids 0 to 4).
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+#: The name of span sentinel i, T5's: an encoder-decoder's vocabulary ends in them.
+SENTINEL_TOKEN = "<extra_id_{}>"
 #: The tokenizers a run can train: BERT's uncased WordPiece, or a byte-level BPE
 #: (`folnet.train.data.bpe`). Here, not there: the run's options read them without importing
 #: the `tokenizers` library (the train extra), so that a missing extra is a one-line error.

@@ -34,6 +34,7 @@ from folnet.train.finetune.data import (
     resolve_task,
     run_options,
 )
+from folnet.train.finetune.generation import generate_split
 from folnet.train.finetune.loop import batches, predict
 from folnet.train.finetune.warm_start import load_finetuned
 from folnet.train.tasks import TaskSpec, family_of
@@ -54,9 +55,16 @@ def evaluate_splits(model: nn.Module, data: TaskData, *, options: Mapping[str, A
     results = {}
     for name in (splits if splits is not None else list(data.evals)):
         split = data.evals[name]
-        width = int(split.tensors["input_ids"].shape[-1])
-        outputs = predict(model, batches(split.tensors, batch_size), device=device,
-                          precision=precision, full_length=width)
+        if data.task.kind == "generation":  # the answer generated (split.context: Answers)
+            answers = split.context
+            outputs = generate_split(model, split.tensors, end=answers.end, pad=answers.pad,
+                                     max_new_tokens=answers.max_new_tokens,
+                                     batch_size=batch_size, device=device,
+                                     precision=precision)
+        else:
+            width = int(split.tensors["input_ids"].shape[-1])
+            outputs = predict(model, batches(split.tensors, batch_size), device=device,
+                              precision=precision, full_length=width)
         results[name] = family.score(data.task, split, outputs, options)
     return results
 

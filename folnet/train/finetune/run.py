@@ -1,11 +1,13 @@
 """``folnet finetune``: a pretrained FOLNet finetuned on one task over one or more seeds.
 
 `finetune(config)` reads and encodes the task's splits once, then for every seed builds the
-task head over the checkpoint's encoder, trains it (`finetune.loop.finetune_model`), scores
-it on the evaluation splits and writes its predictions. The headline of ``OUT/eval.json`` is
-the median over seeds of every metric, as the paper reports its GLUE/SQuAD/FOLIO numbers
-(median of five); the model of the seed closest to that median is kept as ``OUT/model``, so
-``folnet evaluate`` on it reproduces a number of the table.
+task head over the checkpoint's encoder (or, for a generation task, takes the checkpoint's
+decoder or encoder-decoder with its LM head: `finetune.generation`), trains it
+(`finetune.loop.finetune_model`), scores it on the evaluation splits and writes its
+predictions. The headline of ``OUT/eval.json`` is the median over seeds of every metric, as
+the paper reports its GLUE/SQuAD/FOLIO numbers (median of five); the model of the seed
+closest to that median is kept as ``OUT/model``, so ``folnet evaluate`` on it reproduces a
+number of the table.
 
 Layout of OUT::
 
@@ -28,7 +30,7 @@ import dataclasses
 import random
 import shutil
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ from folnet.train.finetune.data import (
     task_head,
 )
 from folnet.train.finetune.evaluate import evaluate_splits, write_eval_json, write_predictions
+from folnet.train.finetune.generation import build_generation_model, text_to_text_batches
 from folnet.train.finetune.loop import (
     LoopSettings,
     batches,
@@ -105,9 +108,20 @@ def _run_seed(seed: int, *, config: FinetuneConfig, hyper: Hyper, data: TaskData
     if seed_dir.exists():
         shutil.rmtree(seed_dir)
     _seed_everything(seed)
-    head, num_labels = task_head(task)
-    model = build_task_model(checkpoint, head, num_labels, dropout=hyper.dropout)
     order = torch.Generator().manual_seed(seed)
+    if task.kind == "generation":
+        model = build_generation_model(checkpoint, dropout=hyper.dropout)
+
+        def epoch_batches(_epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+            return text_to_text_batches(model.cfg.kind, train.tensors, hyper.batch_size,
+                                        pad=tokenizer.pad_id, generator=order)
+    else:
+        head, num_labels = task_head(task)
+        model = build_task_model(checkpoint, head, num_labels, dropout=hyper.dropout)
+
+        def epoch_batches(_epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+            return batches(train.tensors, hyper.batch_size, shuffle=True, generator=order,
+                           group_by_length=config.group_by_length)
     steps_per_epoch = num_batches(len(train), hyper.batch_size)
     total = config.max_steps or hyper.epochs * steps_per_epoch
     settings = LoopSettings(lr=hyper.lr, weight_decay=hyper.weight_decay, betas=hyper.betas,
@@ -139,11 +153,8 @@ def _run_seed(seed: int, *, config: FinetuneConfig, hyper: Hyper, data: TaskData
 
     try:
         summary = finetune_model(
-            model, lambda epoch: batches(train.tensors, hyper.batch_size, shuffle=True,
-                                         generator=order,
-                                         group_by_length=config.group_by_length),
-            steps_per_epoch, epochs=hyper.epochs, settings=settings, max_steps=config.max_steps,
-            device=device, logger=logger, after_epoch=after_epoch)
+            model, epoch_batches, steps_per_epoch, epochs=hyper.epochs, settings=settings,
+            max_steps=config.max_steps, device=device, logger=logger, after_epoch=after_epoch)
         if best["state"] is not None:
             model.load_state_dict(best["state"])
         results = evaluate_splits(model, data, **score_args)
@@ -190,8 +201,9 @@ def _check_out(config: FinetuneConfig, out: Path) -> None:
 def finetune(config: FinetuneConfig) -> dict[str, Any]:
     """Run ``config`` (all seeds); returns the ``eval.json`` payload."""
     if config.task is None:
-        raise FolnetError("--task is required: glue/<task>, squad2, folio, clutrr, kinship or "
-                          "kinship/symbolic")
+        raise FolnetError("--task is required: glue/<task>, squad2, folio, clutrr, kinship, "
+                          "kinship/symbolic, or a task answered by generation (kinship/generate, "
+                          "kinship/symbolic/generate, clutrr/generate)")
     task = resolve_task(config.task)
     _selection_split(task, config)  # fail before reading anything
     tune_cpu_allocator(config.hyper(task).max_len)  # long inputs: see `folnet.runtime`

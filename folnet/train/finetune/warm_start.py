@@ -89,6 +89,9 @@ def save_finetuned(model: FolnetModel, directory: Path, tokenizer: FolnetTokeniz
     ``checksums.json`` over them (`folnet.checksums`: loading it checks the weights)."""
     info = {"task": task, "labels": labels, "tokenizer_fingerprint": tokenizer.fingerprint,
             "finetune": extra}
+    if labels:  # the names transformers' pipelines and model cards show (not LABEL_0 ...)
+        info.update(id2label={str(i): name for i, name in enumerate(labels)},
+                    label2id={name: i for i, name in enumerate(labels)})
     model.save_pretrained(directory, info)
     tokenizer.save(directory)
     write_manifest(directory)
@@ -100,7 +103,8 @@ def load_finetuned(path: str | Path, tokenizer: str | Path | None = None,
     """A finetuned model (``OUT/model`` or the directory itself), its tokenizer and metadata."""
     directory = resolve_checkpoint(path, option)
     meta = read_metadata(directory)
-    if meta.get("head") not in TASK_HEADS:
+    generated = meta.get("head") == "lm" and meta.get("task") is not None  # finetune.generation
+    if meta.get("head") not in TASK_HEADS and not generated:
         raise FolnetError(f"{option} {str(path)!r} holds a {meta.get('head')!r} model, not a "
                           f"finetuned one; finetune it first with folnet finetune")
     tok = task_tokenizer(directory, tokenizer)

@@ -98,7 +98,8 @@ class PretrainConfig(Options):
 
     ops: str = option("jmc.atp", "operator string of the architecture")
     kind: str = option("encoder", "what to pretrain: encoder (MLM with --objective nsp or sop), "
-                       "decoder (the next token over packed documents: --objective clm) or "
+                       "decoder (the next token over packed documents: --objective clm, or "
+                       "after a prefix read both ways: --objective prefix) or "
                        "encoder-decoder (spans cut out of packed rows: --objective span)")
     operators: tuple[tuple[tuple[str, Any], ...], ...] = option(
         (), "a TOML file of your own operators ([[operator]] tables, as "
@@ -129,7 +130,9 @@ class PretrainConfig(Options):
                                   "exactly and decodes as text; for generation)")
     seq_len: int = _data_option("seq_len", "tokens per sequence")
     objective: str = _data_option("objective", "an encoder's sentence-pair objective, nsp "
-                                  "or sop; a decoder's, clm (the next token); an "
+                                  "or sop; a decoder's, clm (the next token) or prefix (the "
+                                  "PrefixLM: a document per row, the next token after a "
+                                  "random prefix that reads both ways); an "
                                   "encoder-decoder's, span (span corruption)")
     span_rate: float = _data_option("span_rate", "span corruption: the share of each row's "
                                     "tokens cut out")

@@ -25,6 +25,7 @@ from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.corpus import build_packed_dataset, build_pretraining_dataset
 from folnet.train.data.documents import iter_documents, resolve_sources
 from folnet.train.data.masking import PretrainingCollator
+from folnet.train.data.prefix_rows import build_prefix_dataset
 from folnet.train.data.sources import check_texts
 from folnet.train.data.span_rows import SENTINELS, build_span_dataset
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_tokenizer
@@ -65,14 +66,11 @@ def check_inputs(config: PretrainConfig, tokenizer_from: Path | None) -> None:
 
 def build_pretraining_model(config: PretrainConfig, vocab_size: int) -> torch.nn.Module:
     """The model ``config`` pretrains: an encoder with the MLM and NSP/SOP heads, a decoder
-    (its LM head), or an encoder-decoder whose vocabulary ends in `SENTINELS` span sentinels
-    (T5's extra ids: above the tokenizer's, which never makes them)."""
-    if config.kind == "decoder":
-        return build_model(config.ops, preset=config.preset, kind="decoder",
+    (its LM head), or an encoder-decoder (its vocabulary, the run's tokenizer's, ends in the
+    span sentinels: `run_tokenizer`)."""
+    if config.kind in ("decoder", "encoder-decoder"):
+        return build_model(config.ops, preset=config.preset, kind=config.kind,
                            vocab_size=vocab_size, **config.model_overrides)
-    if config.kind == "encoder-decoder":  # the sentinels: ids above the tokenizer's
-        return build_model(config.ops, preset=config.preset, kind="encoder-decoder",
-                           vocab_size=vocab_size + SENTINELS, **config.model_overrides)
     return build_model(config.ops, preset=config.preset, head="pretraining",
                        vocab_size=vocab_size, **config.model_overrides)
 
@@ -81,12 +79,14 @@ def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,
                   ctx: DistContext) -> FolnetTokenizer:
     """The run's tokenizer: `source`'s (the checkpoint resumed, or the weights a run starts
     from, see `folnet.train.pretrain.start`), ``--tokenizer``'s, or one trained on the corpus
-    by rank 0 (saved to ``OUT/tokenizer``, from which the other ranks load it)."""
+    by rank 0 (saved to ``OUT/tokenizer``, from which the other ranks load it). An
+    encoder-decoder's ends in the `SENTINELS` span sentinels, added where missing."""
+    sentinels = SENTINELS if config.kind == "encoder-decoder" else 0
     if source is not None:
-        return load_tokenizer(source)
+        return load_tokenizer(source).with_sentinels(sentinels)
     if config.tokenizer is not None:
         try:
-            return load_tokenizer(config.tokenizer)
+            return load_tokenizer(config.tokenizer).with_sentinels(sentinels)
         except FolnetError as exc:
             raise FolnetError(f"--tokenizer: {exc}") from None
     trained = out / "tokenizer"
@@ -99,6 +99,7 @@ def run_tokenizer(config: PretrainConfig, out: Path, source: Path | None,
 
         trainer = train_bpe_tokenizer if config.tokenizer_model == "bpe" else train_tokenizer
         tokenizer = _data_errors(lambda: trainer(texts=texts, vocab_size=config.vocab_size))
+        tokenizer = tokenizer.with_sentinels(sentinels)
         tokenizer.model_max_length = config.seq_len
         tokenizer.save(trained)
     barrier(ctx)
@@ -126,7 +127,8 @@ def run_dataset(config: PretrainConfig, tokenizer: FolnetTokenizer, out: Path,
         cache_dir=config.cache_dir or str(out / "cache"),
         streaming=config.streaming, kinship_documents=config.kinship_documents,
         text_column=config.text_column, encoding=config.encoding)
-    build = {"decoder": build_packed_dataset, "encoder-decoder": build_span_dataset}.get(
+    build = {"decoder": build_prefix_dataset if config.objective == "prefix" else
+             build_packed_dataset, "encoder-decoder": build_span_dataset}.get(
         config.kind, build_pretraining_dataset)
     parts = ("train", "heldout") if config.heldout else ("train",)
 

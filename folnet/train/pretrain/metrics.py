@@ -30,7 +30,7 @@ LM_LOG_FIELDS = ("step", "loss", "lm_acc", "perplexity", *_COUNTERS)
 
 def log_fields(objective: str) -> tuple[str, ...]:
     """The log's columns for ``objective``."""
-    return LM_LOG_FIELDS if objective in ("clm", "span") else LOG_FIELDS
+    return LM_LOG_FIELDS if objective in ("clm", "prefix", "span") else LOG_FIELDS
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class StepMetrics:
         steps add nothing)."""
         targets, sequences = max(self.targets, 1.0), max(self.sequences, 1.0)
         token_loss = self.token_loss_sum / targets
-        if objective in ("clm", "span"):
+        if objective in ("clm", "prefix", "span"):
             means = {"loss": token_loss, "lm_acc": self.token_correct / targets,
                      "perplexity": math.exp(min(token_loss, 700.0))}
         else:
@@ -118,7 +118,7 @@ def bar_postfix(objective: str) -> Callable[[Mapping[str, Any]], str]:
             value = record.get(key)
             return float(value) if isinstance(value, (int, float)) else float("nan")
 
-        if objective in ("clm", "span"):
+        if objective in ("clm", "prefix", "span"):
             return (f"loss {num('loss'):.3f} ppl {num('perplexity'):.1f} lm_acc "
                     f"{num('lm_acc'):.3f} tok/s {num('tokens_per_s'):,.0f}")
         return (f"loss {num('loss'):.3f} mlm_acc {num('mlm_acc'):.3f} {objective}_acc "

@@ -59,16 +59,23 @@ class PretrainingForward(nn.Module):
 
 class NextTokenForward(nn.Module):
     """A decoder's sums over packed rows: next-token cross-entropy over every position whose
-    next token is a real token of its own document (`folnet.arch.packed`)."""
+    next token is a real token of its own document (`folnet.arch.packed`). With
+    ``prefix_lengths`` (the PrefixLM's rows, a document each: `folnet.train.data.prefix_rows`)
+    the row's prefix reads both ways and only the tokens after it are predicted."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, document_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        out = self.model(input_ids, attention_mask=attention_mask, document_ids=document_ids)
-        labels = lm_targets(input_ids, document_ids, attention_mask)  # (B, T)
+                attention_mask: torch.Tensor | None,
+                prefix_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        if prefix_lengths is None:
+            out = self.model(input_ids, attention_mask=attention_mask, document_ids=document_ids)
+        else:  # one document per row: its pieces need no mask of their own
+            out = self.model(input_ids, prefix_lengths=prefix_lengths,
+                             attention_mask=attention_mask)
+        labels = lm_targets(input_ids, document_ids, attention_mask, prefix_lengths)  # (B, T)
         logits = out.logits[:, :-1].float().flatten(0, 1)  # (B (T-1), V)
         target = labels[:, 1:].flatten()
         loss_sum = F.cross_entropy(logits, target, reduction="sum")
@@ -104,10 +111,15 @@ class SpanForward(nn.Module):
 
 
 def lm_targets(input_ids: torch.Tensor, document_ids: torch.Tensor,
-               attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B, T) the tokens a row predicts: its ids, pads and each piece's first token ignored."""
+               attention_mask: torch.Tensor | None,
+               prefix_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) the tokens a row predicts: its ids, pads and each piece's first token ignored,
+    and the prefix's tokens where ``prefix_lengths`` (B,) are given."""
     labels = input_ids if attention_mask is None else input_ids.masked_fill(~attention_mask.bool(),
                                                                             IGNORE)
+    if prefix_lengths is not None:
+        positions = torch.arange(labels.shape[1], device=labels.device)  # (T,)
+        labels = labels.masked_fill(positions < prefix_lengths[:, None], IGNORE)
     return document_labels(labels, document_ids)
 
 
@@ -121,8 +133,8 @@ def engine_inputs(kind: str, local: Mapping[str, torch.Tensor],
                   mask: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """The engine's arguments from a batch on the device (``mask``: its attention mask, or
     None when no token is padding)."""
-    if kind == "decoder":
-        return local["input_ids"], local["document_ids"], mask
+    if kind == "decoder":  # prefix_lengths: the PrefixLM's rows only
+        return local["input_ids"], local["document_ids"], mask, local.get("prefix_lengths")
     if kind == "encoder-decoder":
         return local["input_ids"], mask, local["labels"], local["decoder_attention_mask"]
     return (local["input_ids"], local["token_type_ids"], mask, local["mlm_labels"],
@@ -132,8 +144,9 @@ def engine_inputs(kind: str, local: Mapping[str, torch.Tensor],
 def token_targets(kind: str, micro: Sequence[Mapping[str, torch.Tensor]]) -> int:
     """The token targets of a step's micro-batches, counted on the host (at least 1)."""
     if kind == "decoder":
-        total = sum(int((lm_targets(b["input_ids"], b["document_ids"],
-                                    b["attention_mask"])[:, 1:] != IGNORE).sum()) for b in micro)
+        total = sum(int((lm_targets(b["input_ids"], b["document_ids"], b["attention_mask"],
+                                    b.get("prefix_lengths"))[:, 1:] != IGNORE).sum())
+                    for b in micro)
     elif kind == "encoder-decoder":
         total = sum(int((b["labels"] != IGNORE).sum()) for b in micro)
     else:

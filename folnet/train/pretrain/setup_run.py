@@ -120,7 +120,8 @@ def _data(config: PretrainConfig, start: RunStart, ctx: DistContext
     if ctx.is_main and (start.tokenizer_from is not None or config.tokenizer is not None):
         tokenizer.save(out / "tokenizer")  # a trained one is there already: other ranks read it
     dataset, heldout, data_config = run_dataset(config, tokenizer, out, ctx)
-    collator = {"decoder": PackedCollator(PackedCollator.DECODER),
+    decoder = PackedCollator.PREFIX if config.objective == "prefix" else PackedCollator.DECODER
+    collator = {"decoder": PackedCollator(decoder),
                 "encoder-decoder": PackedCollator(PackedCollator.ENCODER_DECODER)}.get(
         config.kind) or PretrainingCollator.from_config(tokenizer, data_config)
     fitted, fit = fit_pretraining_batch(config, tokenizer.vocab_size, ctx.device,

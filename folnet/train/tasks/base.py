@@ -23,7 +23,7 @@ from folnet.errors import FolnetError, choices
 __all__ = ["KINDS", "EncodedSplit", "Example", "FinetuneDefaults", "SplitData", "TaskSpec",
            "find_split_files", "missing_split", "split_dirs", "split_file_candidates"]
 
-KINDS = ("classification", "regression", "qa")
+KINDS = ("classification", "regression", "qa", "generation")
 
 
 @dataclass(frozen=True)

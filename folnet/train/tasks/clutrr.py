@@ -18,12 +18,12 @@ from pathlib import Path
 from folnet.errors import FolnetError
 from folnet.read_files import csv_rows
 from folnet.train.tasks.base import Example, FinetuneDefaults, TaskSpec
-from folnet.train.tasks.classify import encode_split, score_split
+from folnet.train.tasks.generation import encode_by_kind, generation_twin, score_by_kind
 from folnet.train.tasks.hfdatasets import Published, RowTable
 from folnet.train.tasks.registry import TaskFamily, read_files
 
-__all__ = ["CLUTRR", "FAMILY", "PUBLISHED", "clutrr_example", "clutrr_labels", "clutrr_rows",
-           "label_set", "question", "read_clutrr"]
+__all__ = ["CLUTRR", "CLUTRR_GENERATE", "FAMILY", "PUBLISHED", "clutrr_example",
+           "clutrr_labels", "clutrr_rows", "label_set", "question", "read_clutrr"]
 
 CLUTRR = TaskSpec(
     name="clutrr",
@@ -143,7 +143,12 @@ def clutrr_rows(task: TaskSpec, table: RowTable) -> list[Example]:
 
 PUBLISHED = Published("CLUTRR/v1", ("story", "query"), "target_text", clutrr_rows)
 
-FAMILY = TaskFamily("clutrr", (CLUTRR,),
-                    read=read_files(read_clutrr, published={CLUTRR.name: PUBLISHED},
+#: CLUTRR answered by generation: the relation's word (`folnet.train.tasks.generation`).
+CLUTRR_GENERATE = generation_twin(CLUTRR, CLUTRR.metrics)
+
+
+FAMILY = TaskFamily("clutrr", (CLUTRR, CLUTRR_GENERATE),
+                    read=read_files(read_clutrr, published={CLUTRR.name: PUBLISHED,
+                                                            CLUTRR_GENERATE.name: PUBLISHED},
                                     labels_from=label_set),
-                    encode=encode_split, score=score_split)
+                    encode=encode_by_kind, score=score_by_kind)

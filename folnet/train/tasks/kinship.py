@@ -41,11 +41,12 @@ from folnet.train.data.kinship import (
     systematic_split,
 )
 from folnet.train.tasks.base import EncodedSplit, Example, SplitData, TaskSpec
-from folnet.train.tasks.classify import encode_split, score_split
 from folnet.train.tasks.clutrr import CLUTRR
+from folnet.train.tasks.generation import encode_by_kind, generation_twin, score_by_kind
 from folnet.train.tasks.registry import TaskFamily
 
-__all__ = ["FAMILY", "KINSHIP", "KINSHIP_SYMBOLIC", "kinship_metrics", "kinship_questions",
+__all__ = ["FAMILY", "KINSHIP", "KINSHIP_GENERATE", "KINSHIP_SYMBOLIC",
+           "KINSHIP_SYMBOLIC_GENERATE", "kinship_metrics", "kinship_questions",
            "load_questions", "questions_file", "save_questions"]
 
 # CLUTRR's kind, metric, input length and recipe (paper: 100 epochs, lr 5e-5, batch 16), with
@@ -57,7 +58,12 @@ KINSHIP = dataclasses.replace(CLUTRR, name="kinship", family="kinship", labels=R
 # model learns in minutes, so the operator ablation (`make demo`) measures reasoning, not reading.
 # 128 tokens hold the longest chain (k = 10) with 10 distractors: 20 facts of 5 tokens.
 KINSHIP_SYMBOLIC = dataclasses.replace(KINSHIP, name="kinship/symbolic", seq_len=128)
-_RENDER = {KINSHIP.name: lambda q: q, KINSHIP_SYMBOLIC.name: symbolic}
+# Both answered by generation (`folnet.train.tasks.generation`): the relation's word, scored
+# per chain length as the classifiers are.
+KINSHIP_GENERATE = generation_twin(KINSHIP, KINSHIP.metrics)
+KINSHIP_SYMBOLIC_GENERATE = generation_twin(KINSHIP_SYMBOLIC, KINSHIP.metrics)
+_RENDER = {KINSHIP.name: lambda q: q, KINSHIP_SYMBOLIC.name: symbolic,
+           KINSHIP_GENERATE.name: lambda q: q, KINSHIP_SYMBOLIC_GENERATE.name: symbolic}
 
 # run option -> argument of `systematic_split`
 _GENERATOR_OPTIONS = {"kinship_train_size": "train_size", "kinship_test_per_k": "test_size_per_k",
@@ -206,15 +212,16 @@ def _read(spec: TaskSpec, data_dir: str | Path | None, splits: Sequence[str],
 
 def _score(spec: TaskSpec, split: EncodedSplit, outputs: Mapping[str, torch.Tensor],
            options: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Classification rows; metrics per chain length (`kinship_metrics`)."""
+    """Classification or generation rows; metrics per chain length (`kinship_metrics`)."""
     ks = split.columns["k"]
     train_k = options.get("kinship_train_k", TRAIN_K)
 
     def metrics(chosen: list[int], gold: list[int], rows: list[int]) -> dict[str, float]:
         return kinship_metrics(chosen, gold, [ks[i] for i in rows], train_k)
 
-    return score_split(spec, split, outputs, options, class_metrics=metrics)
+    return score_by_kind(spec, split, outputs, options, class_metrics=metrics)
 
 
-FAMILY = TaskFamily("kinship", (KINSHIP, KINSHIP_SYMBOLIC), read=_read, encode=encode_split,
-                    score=_score, generated=True)
+FAMILY = TaskFamily("kinship", (KINSHIP, KINSHIP_SYMBOLIC, KINSHIP_GENERATE,
+                                KINSHIP_SYMBOLIC_GENERATE),
+                    read=_read, encode=encode_by_kind, score=_score, generated=True)
