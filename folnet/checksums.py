@@ -10,6 +10,15 @@ The manifest is written inside the directory's atomic write, after every other f
 complete directory always has a manifest that matches it. A file the manifest does not list
 is not checked (a tokenizer a user added later, say).
 
+A listed file that differs is told apart by its modification time, and the message says which:
+- no newer than the manifest: damage (a disk or copy fault), an error;
+- newer: rewritten after the save. A tokenizer's ``save_pretrained`` into the model's folder,
+  an everyday habit, rewrites its files in another form. The manifest also records the
+  tokenizer's fingerprint (what decides the ids a text maps to); a rewritten tokenizer file
+  whose directory still gives that fingerprint loads with a warning, and any other rewritten
+  file (weights, config, a tokenizer with other ids) is an error saying how to record it again
+  (`write_model_manifest`).
+
 What is listed is decided where the directory is written, and what is checked is read from the
 manifest: where a model directory is read (`verify_model_dir`: `folnet.from_pretrained`, the
 Hugging Face classes, ``--from``, ``--init-from``) *every* file its manifest lists is checked --
@@ -42,9 +51,9 @@ from folnet.atomic_write import atomic_write_json, is_leftover, warn
 from folnet.errors import FolnetError
 from folnet.read_files import read_json
 
-__all__ = ["MANIFEST", "MODEL_FILES", "file_sha256", "model_files", "read_manifest",
-           "strict_checksums", "verify_files", "verify_model_dir", "write_manifest",
-           "write_model_manifest"]
+__all__ = ["MANIFEST", "MODEL_FILES", "TOKENIZER_FILES", "file_sha256", "model_files",
+           "read_manifest", "strict_checksums", "verify_files", "verify_model_dir",
+           "write_manifest", "write_model_manifest"]
 
 #: The files of a model directory that `write_model_manifest` records when present: what the
 #: folnet, transformers and tokenizers loaders read (weights shards too, by `_SHARD`). Only the
@@ -53,6 +62,11 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors",
                "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model")
+#: The tokenizer's files: one rewritten after the save loads if the tokenizer still has the
+#: fingerprint the manifest records (`verify_files`).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "tokenizer.model")
 _SHARD = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 
 _STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("folnet_strict_checksums",
@@ -102,8 +116,23 @@ def write_manifest(directory: str | os.PathLike[str],
         if (path.is_file() and not path.is_symlink() and relative.as_posix() != MANIFEST
                 and not any(is_leftover(part) for part in relative.parts)):
             files[relative.as_posix()] = file_sha256(path)
-    return atomic_write_json(directory / MANIFEST, {"format": FORMAT, "algorithm": "sha256",
-                                                    "files": files})
+    payload = {"format": FORMAT, "algorithm": "sha256", "files": files}
+    fingerprint = _tokenizer_fingerprint(directory) if set(files) & set(TOKENIZER_FILES) else None
+    if fingerprint is not None:
+        payload["tokenizer"] = fingerprint
+    return atomic_write_json(directory / MANIFEST, payload)
+
+
+def _tokenizer_fingerprint(directory: Path) -> str | None:
+    """The fingerprint of the tokenizer saved in `directory`
+    (`folnet.train.data.tokenizer.FolnetTokenizer.fingerprint`), or None when there is none
+    folnet reads (or the train extra, which reads it, is not installed)."""
+    try:
+        from folnet.train.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(directory).fingerprint
+    except (ImportError, FolnetError, OSError, ValueError):
+        return None
 
 
 def model_files(directory: str | os.PathLike[str]) -> list[str]:
@@ -128,6 +157,12 @@ def write_model_manifest(directory: str | os.PathLike[str]) -> Path:
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, str] | None:
     """``{relative path: sha256}`` of `directory`'s manifest, or None when it has none; a
     damaged manifest is a `FolnetError` naming it."""
+    payload = _payload(directory)
+    return None if payload is None else payload["files"]
+
+
+def _payload(directory: str | os.PathLike[str]) -> dict | None:
+    """The manifest as read and checked (`read_manifest`), all its fields."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         return None
@@ -143,7 +178,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, str] | None:
         if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
             raise FolnetError(f"{path}: corrupt checksum manifest (file name {name!r} is not "
                               f"inside the directory)")
-    return files
+    return payload
 
 
 def verify_files(directory: str | os.PathLike[str], names: Iterable[str] | None = None) -> None:
@@ -151,9 +186,10 @@ def verify_files(directory: str | os.PathLike[str], names: Iterable[str] | None 
     its manifest; a missing or changed file is a `FolnetError` naming it. Nothing is checked
     when there is no manifest, and a name the manifest does not list is skipped."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    if manifest is None:
+    payload = _payload(directory)
+    if payload is None:
         return
+    manifest = payload["files"]
     for name in manifest if names is None else names:
         want = manifest.get(name)
         if want is None:
@@ -164,10 +200,37 @@ def verify_files(directory: str | os.PathLike[str], names: Iterable[str] | None 
                               f"incomplete copy?)")
         got = file_sha256(path)
         if got != want.lower():
-            raise FolnetError(
-                f"{path}: corrupt or truncated: its SHA-256 is {got[:16]}..., not the "
-                f"{want[:16]}... recorded in {MANIFEST} when it was written (a disk or copy "
-                f"fault; if you changed the file on purpose, delete {MANIFEST})")
+            _changed(directory, name, got, want, payload.get("tokenizer"))
+
+
+def _changed(directory: Path, name: str, got: str, want: str, recorded: str | None) -> None:
+    """A listed file that differs from its record: damage, or a rewrite after the save (see
+    the module docstring); raises, or warns once for a tokenizer that means what it did."""
+    path = directory / name
+    differs = (f"its SHA-256 is {got[:16]}..., not the {want[:16]}... recorded in {MANIFEST} "
+               f"when it was written")
+    again = (f"if the change is meant, folnet.checksums.write_model_manifest("
+             f"{str(directory)!r}) records the folder as it is")
+    if path.stat().st_mtime_ns <= (directory / MANIFEST).stat().st_mtime_ns:
+        raise FolnetError(f"{path}: corrupt or truncated: {differs}, and it is no newer than "
+                          f"{MANIFEST} (a disk or copy fault; {again})")
+    if name in TOKENIZER_FILES and recorded is not None:
+        now = _tokenizer_fingerprint(directory)
+        if now == recorded:
+            key = str(path.resolve())
+            if key not in _WARNED:
+                _WARNED.add(key)
+                warn(f"{path} was rewritten after folnet saved {directory} (a tokenizer's "
+                     f"save_pretrained does this); the tokenizer still maps text to the ids it "
+                     f"did (fingerprint {recorded}), so it is loaded; {again}")
+            return
+        raise FolnetError(f"{path}: rewritten after folnet saved {directory}, and the tokenizer "
+                          f"no longer maps text to the ids the model learnt: fingerprint "
+                          f"{now}, not the {recorded} recorded in {MANIFEST} (a corrupt or "
+                          f"swapped vocabulary; {again})")
+    raise FolnetError(f"{path}: corrupt or truncated, or rewritten: {differs}, and it is newer "
+                      f"than {MANIFEST} (changed after the save, or copied without its times; "
+                      f"{again})")
 
 
 @contextlib.contextmanager

@@ -22,13 +22,18 @@ _BUILTINS: frozenset[str] = frozenset()
 
 
 def parse_spec_file(text: str, *, source: str = "<string>") -> list[OperatorSpec]:
-    """Parse a TOML document of ``[[operator]]`` tables (or one bare table) into specs."""
+    """Parse a TOML document of ``[[operator]]`` tables (or one bare table) into specs.
+    ``[[operators]]``, as an ablation plan names them, is taken too."""
     data = read_files.loads(text, source=source)
-    if "operator" in data:
-        tables = data["operator"]
+    named = [key for key in ("operator", "operators") if key in data]
+    if len(named) == 2:
+        raise FolnetError(f"{source}: both [[operator]] and [[operators]] tables; list every "
+                          f"operator under one of them")
+    if named:
+        tables = data[named[0]]
         if isinstance(tables, Mapping):
             tables = [tables]
-        extra = sorted(set(data) - {"operator"})
+        extra = sorted(set(data) - {named[0]})
         if extra:
             raise FolnetError(f"{source}: unknown top-level key(s) {extra}; expected [[operator]]")
     else:

@@ -11,6 +11,7 @@ file a writer adds (or a reader forgets) must fail them without anyone updating 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -211,10 +212,12 @@ def saved_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
 
 
 def edit_one_byte(path: Path) -> None:
-    """Change one byte of `path` so that the file still parses and loads -- only its checksum
-    can tell: a space of an indented JSON file becomes a tab, a vocab.txt token gets an upper-
-    case letter (the vocabulary is lowercase, so it stays unique), binary files get a bit
-    flipped in their second half (past a safetensors header)."""
+    """Change one byte of `path` in place, as a failing disk does (the modification time
+    kept), so that the file still parses and loads -- only its checksum can tell: a space of
+    an indented JSON file becomes a tab, a vocab.txt token gets an upper-case letter (the
+    vocabulary is lowercase, so it stays unique), binary files get a bit flipped in their
+    second half (past a safetensors header)."""
+    times = path.stat()
     data = bytearray(path.read_bytes())
     if path.suffix == ".json":
         at = data.index(b"\n ") + 1
@@ -225,6 +228,7 @@ def edit_one_byte(path: Path) -> None:
     else:
         data[len(data) * 3 // 4] ^= 0x10
     path.write_bytes(bytes(data))
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 def _copy(directory: Path, where: Path) -> Path:
@@ -310,3 +314,44 @@ def test_the_edits_are_only_visible_to_the_checksums(saved_dirs, source, tmp_pat
         folnet.from_pretrained(copy)
         load_tokenizer(copy)
         assert "has no checksums.json" in capsys.readouterr().err
+
+
+def test_a_tokenizer_saved_into_the_model_folder_by_transformers_still_loads(saved_dirs,
+                                                                              tmp_path, capsys):
+    """The everyday habit: AutoTokenizer.from_pretrained(d).save_pretrained(d). The rewritten
+    tokenizer files still map text to the same ids, so both loaders take the folder, with one
+    warning that names the file; a rewrite that changes the ids, or rewritten weights, is
+    refused as a rewrite, not as disk damage; re-recording the folder clears it."""
+    transformers = pytest.importorskip("transformers")
+    folder = _copy(saved_dirs["hf"], tmp_path / "habit")
+    assert read_manifest(folder) and "tokenizer" in json.loads((folder / MANIFEST).read_text())
+    transformers.AutoTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))
+    rewritten = [n for n in read_manifest(folder)
+                 if n in TOKENIZER_FILES and (folder / n).stat().st_mtime_ns
+                 > (folder / MANIFEST).stat().st_mtime_ns]
+    assert rewritten, "transformers wrote no tokenizer file"
+    capsys.readouterr()
+    model = folnet.from_pretrained(folder)
+    said = capsys.readouterr().err
+    assert "was rewritten after folnet saved" in said and "is loaded" in said
+    assert transformers.AutoModelForPreTraining.from_pretrained(str(folder)) is not None
+    assert model.cfg.vocab_size == load_tokenizer(folder).vocab_size
+    # other ids: refused, and said to be a rewrite
+    swapped = _copy(saved_dirs["hf"], tmp_path / "swapped")
+    payload = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = payload["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (swapped / "tokenizer.json").write_text(json.dumps(payload))
+    with pytest.raises(FolnetError, match=r"rewritten after folnet saved .* no longer maps "
+                                          r"text to the ids the model learnt"):
+        folnet.from_pretrained(swapped)
+    # rewritten weights: refused, said to be newer than the manifest; recorded again, they load
+    weights = _copy(saved_dirs["hf"], tmp_path / "weights")
+    edit_one_byte(weights / "model.safetensors")
+    os.utime(weights / "model.safetensors")  # now: a later write, not damage in place
+    with pytest.raises(FolnetError, match=r"corrupt or truncated, or rewritten: .* newer than "
+                                          r"checksums\.json .*write_model_manifest"):
+        folnet.from_pretrained(weights)
+    write_model_manifest(weights)
+    assert folnet.from_pretrained(weights) is not None

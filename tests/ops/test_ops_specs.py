@@ -87,6 +87,15 @@ def test_duplicate_symbol_or_name_in_a_file():
         parse_spec_file(one + other)
 
 
+def test_a_file_may_name_its_tables_as_a_plan_does():
+    one = ('[[operator]]\nsymbol = "q"\nname = "bprod"\ntyping = "B <- B x U"\n'
+           'kernel = "x y w"\npremise = "x h w"\noutput = "x y h"\nbdim = "x"\nrdim = "w"\n')
+    (spec,) = parse_spec_file(one.replace("[[operator]]", "[[operators]]"))
+    assert spec == parse_spec_file(one)[0] and spec.symbol == "q"
+    with pytest.raises(folnet.FolnetError, match=r"both \[\[operator\]\] and \[\[operators\]\]"):
+        parse_spec_file(one + one.replace("[[operator]]", "[[operators]]"))
+
+
 def test_typing_parser_accepts_variants():
     for text in ("U <- B x U", "U<-BxU", "U ← B × U"):
         assert str(parse_typing(text)) == "U <- B x U"
