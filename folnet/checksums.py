@@ -72,7 +72,7 @@ _SHARD = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 _STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("folnet_strict_checksums",
                                                                default=False)
 _DIGESTS: dict[tuple[object, ...], str] = {}
-_WARNED: set[str] = set()  # directories already said to have no manifest (once each)
+_WARNED: set[str] = set()  # files and directories already warned about (`_warn_once`)
 
 MANIFEST = "checksums.json"
 FORMAT = "folnet-checksums"
@@ -217,12 +217,10 @@ def _changed(directory: Path, name: str, got: str, want: str, recorded: str | No
     if name in TOKENIZER_FILES and recorded is not None:
         now = _tokenizer_fingerprint(directory)
         if now == recorded:
-            key = str(path.resolve())
-            if key not in _WARNED:
-                _WARNED.add(key)
-                warn(f"{path} was rewritten after folnet saved {directory} (a tokenizer's "
-                     f"save_pretrained does this); the tokenizer still maps text to the ids it "
-                     f"did (fingerprint {recorded}), so it is loaded; {again}")
+            _warn_once(path, f"{path} was rewritten after folnet saved {directory} (a "
+                             f"tokenizer's save_pretrained does this); the tokenizer still maps "
+                             f"text to the ids it did (fingerprint {recorded}), so it is "
+                             f"loaded; {again}")
             return
         raise FolnetError(f"{path}: rewritten after folnet saved {directory}, and the tokenizer "
                           f"no longer maps text to the ids the model learnt: fingerprint "
@@ -262,9 +260,14 @@ def verify_model_dir(directory: str | os.PathLike[str]) -> None:
                           f"checked, and checksums are strict (--strict-checksums or "
                           f"FOLNET_STRICT_CHECKSUMS); save it again with this folnet, or "
                           f"drop the option to load it unchecked")
-    key = str(directory.resolve())
+    _warn_once(directory, f"{directory} has no {MANIFEST} (written before folnet recorded "
+                          f"checksums, or copied without it): its weights and tokenizer are "
+                          f"loaded UNCHECKED; --strict-checksums refuses such directories")
+
+
+def _warn_once(where: Path, text: str) -> None:
+    """`warn` ``text``, once per file or directory ``where`` and process."""
+    key = str(where.resolve())
     if key not in _WARNED:
         _WARNED.add(key)
-        warn(f"{directory} has no {MANIFEST} (written before folnet recorded checksums, or "
-             f"copied without it): its weights and tokenizer are loaded UNCHECKED; "
-             f"--strict-checksums refuses such directories")
+        warn(text)
