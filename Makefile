@@ -14,7 +14,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
 .PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
-	kinship-fixture docs
+	kinship-fixture docs conformance
 
 setup: $(VENV)/.installed
 
@@ -68,6 +68,16 @@ test-torch:
 	$(TORCH_VENV)/bin/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not slow"
 	$(TORCH_VENV)/bin/python -m pytest -q tests/project/test_installed.py
 
+# transformers' own model and configuration tests (ModelTesterMixin, ConfigTester from its
+# source distribution at the installed version, fetched by pip and cached under
+# build/conformance) on folnet's HF classes, BERT and GPT-2 run beside them as the controls
+# (tests/conformance/run.py). Fails on a test the controls pass and folnet fails unless
+# tests/conformance/refused.toml lists it with the reason. About 3 minutes on 2 cores.
+conformance: setup
+	$(PY) -c "import parameterized" 2>/dev/null || $(PY) -m uv pip install -q --python $(PY) parameterized \
+		|| $(PY) -m pip install -q parameterized
+	$(PY) tests/conformance/run.py --out build/conformance --report docs/figures/conformance.json
+
 # Every numerical bound against what the two kernel sets measure (tests/tolerance_report.py),
 # the GPU tests' included: rehearsed on the CPU (FOLNET_GPU_REHEARSAL=1), as gpu_check.py's dry
 # run does, so that their bf16 bounds are measured on both kernel sets like every other.
@@ -97,7 +107,8 @@ demo-kinds: setup
 	$(PY) -m folnet ablate kinds --jobs 2 --out runs/demo-kinds
 
 # The stored start of tests/train/test_kinship_finetune.py: the shipped kinship-tiny pretraining
-# (800 steps, ~1.5 minutes), its model directory and its run_config.json as recipe.json.
+# (800 steps, ~13 minutes on 2 cores: docs/figures/kinship_recipe.json), its model directory and
+# its run_config.json as recipe.json.
 kinship-fixture: setup
 	rm -rf .kinship-fixture tests/fixtures/kinship-pretrained
 	$(PY) -m folnet pretrain --config kinship-tiny --no-progress --out .kinship-fixture
@@ -108,8 +119,13 @@ kinship-fixture: setup
 # The documentation site (mkdocs.yml, docs/design.md section 13) into build/site/, which opens
 # from disk: build/site/index.html. `make test` runs the same build with --strict first.
 # (never --quiet: it hides the warnings that --strict counts, and a broken link would pass)
+# `make docs PY=python3` builds with a Python you already have and installs nothing: no .venv,
+# no editable folnet in place of yours. The build reads this checkout's folnet (mkdocs.yml's
+# paths: [.]), so that Python needs only folnet's dependencies with the train and hf extras, and
+# mkdocs>=1.6, mkdocs-material>=9.6, mkdocstrings-python>=1.16 (README "Documentation").
 DOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build
-docs: setup
+DOCS_SETUP := $(if $(filter command line,$(origin PY)),,setup)
+docs: $(DOCS_SETUP)
 	$(DOCS_BUILD) --strict
 	@echo "open build/site/index.html"
 
