@@ -15,9 +15,14 @@ A listed file that differs is told apart by its modification time, and the messa
 - newer: rewritten after the save. A tokenizer's ``save_pretrained`` into the model's folder,
   an everyday habit, rewrites its files in another form. The manifest also records the
   tokenizer's fingerprint (what decides the ids a text maps to); a rewritten tokenizer file
-  whose directory still gives that fingerprint loads with a warning, and any other rewritten
-  file (weights, config, a tokenizer with other ids) is an error saying how to record it again
-  (`write_model_manifest`).
+  whose directory still gives that fingerprint loads with a warning. The manifest records
+  each safetensors file's header (tensor names, shapes and offsets) too: a newer weights file
+  with another header that is a complete safetensors file (`safetensors_header`) is what
+  another library's save leaves, and loads UNVERIFIED with a warning (refused under
+  `strict_checksums`); one whose header is the recorded one but whose bytes differ was damaged
+  in place (a flipped or overwritten byte) and is refused as corrupt. Any other rewritten file
+  (config, a tokenizer with other ids, a broken weights file) is an error saying how to record
+  it again (`write_model_manifest`).
 
 What is listed is decided where the directory is written, and what is checked is read from the
 manifest: where a model directory is read (`verify_model_dir`: `folnet.from_pretrained`, the
@@ -42,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -117,6 +123,11 @@ def write_manifest(directory: str | os.PathLike[str],
                 and not any(is_leftover(part) for part in relative.parts)):
             files[relative.as_posix()] = file_sha256(path)
     payload = {"format": FORMAT, "algorithm": "sha256", "files": files}
+    headers = {name: hashlib.sha256(header).hexdigest() for name in files
+               if name.endswith(".safetensors")
+               and (header := safetensors_header(directory / name)) is not None}
+    if headers:  # absent from manifests written before it: those files are checked whole
+        payload["headers"] = headers
     fingerprint = _tokenizer_fingerprint(directory) if set(files) & set(TOKENIZER_FILES) else None
     if fingerprint is not None:
         payload["tokenizer"] = fingerprint
@@ -200,12 +211,17 @@ def verify_files(directory: str | os.PathLike[str], names: Iterable[str] | None 
                               f"incomplete copy?)")
         got = file_sha256(path)
         if got != want.lower():
-            _changed(directory, name, got, want, payload.get("tokenizer"))
+            headers = payload.get("headers")
+            _changed(directory, name, got, want, payload.get("tokenizer"),
+                     headers.get(name) if isinstance(headers, dict) else None)
 
 
-def _changed(directory: Path, name: str, got: str, want: str, recorded: str | None) -> None:
+def _changed(directory: Path, name: str, got: str, want: str, recorded: str | None,
+             header: str | None = None) -> None:
     """A listed file that differs from its record: damage, or a rewrite after the save (see
-    the module docstring); raises, or warns once for a tokenizer that means what it did."""
+    the module docstring); raises, or warns once for a tokenizer that means what it did and
+    for weights another save rewrote (``header``: the digest of the safetensors header the
+    manifest recorded)."""
     path = directory / name
     differs = (f"its SHA-256 is {got[:16]}..., not the {want[:16]}... recorded in {MANIFEST} "
                f"when it was written")
@@ -226,9 +242,47 @@ def _changed(directory: Path, name: str, got: str, want: str, recorded: str | No
                           f"no longer maps text to the ids the model learnt: fingerprint "
                           f"{now}, not the {recorded} recorded in {MANIFEST} (a corrupt or "
                           f"swapped vocabulary; {again})")
+    now = safetensors_header(path) if header is not None else None
+    if now is not None and hashlib.sha256(now).hexdigest() == header.lower():
+        raise FolnetError(f"{path}: corrupt or truncated: {differs}, under the very header "
+                          f"folnet wrote (the tensor data changed in place: a flipped or "
+                          f"overwritten byte, or the same tensors saved again with other "
+                          f"values; {again})")
+    if now is not None and not _strict():
+        _warn_once(path, f"{path} was rewritten after folnet saved {directory} ({differs}): "
+                         f"a complete safetensors file with other tensors or layout than the "
+                         f"recorded header (another library's save), so it is loaded "
+                         f"UNVERIFIED; --strict-checksums refuses it; {again}")
+        return
     raise FolnetError(f"{path}: corrupt or truncated, or rewritten: {differs}, and it is newer "
                       f"than {MANIFEST} (changed after the save, or copied without its times; "
                       f"{again})")
+
+
+def safetensors_header(path: Path) -> bytes | None:
+    """The header of a whole safetensors file ``path`` (its 8-byte length and JSON), or None
+    for a file that is not one: the JSON broken, or tensor data that does not end exactly at
+    the end of the file (truncated or padded). A flipped byte inside the data is not seen
+    here -- that is what the manifest's hash of the whole file is for."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little")
+            if len(head) < 8 or not 2 <= n <= min(size - 8, 100 * 2**20):
+                return None
+            text = f.read(n)
+            header = json.loads(text)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    try:
+        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+    whole = 8 + n + max(ends, default=0) == size
+    return head + text if whole else None
 
 
 @contextlib.contextmanager

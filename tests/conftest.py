@@ -11,6 +11,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # every folder imports by name. The folders are not packages: pytest imports each test file by
 # its bare name, so no two test files may share one.
 sys.path.insert(0, os.path.dirname(__file__))
+#: transformers' own tests run on folnet (``make conformance``, tests/conformance/run.py): a
+#: package of their own, copied beside transformers' test files, not collected here.
+collect_ignore = ["conformance"]
 
 
 #: Test processes sharing this machine: `make test` runs ``pytest -n 2`` (pytest-xdist).

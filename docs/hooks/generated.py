@@ -179,7 +179,7 @@ MODEL_FIELDS = {
     "F2": "hidden width of the binary FFN",
     "delta": "relative distances are clipped at delta - 1 (the rpe table has 2 delta + 2 rows)",
     "position": "position encoding: rpe, ape, ape+rpe, rpe* or none",
-    "vocab_size": "tokens in the vocabulary (the embedding is padded to a multiple of 8)",
+    "vocab_size": "tokens in the vocabulary (the embedding's rows: see vocab_multiple)",
     "type_vocab_size": "token types (segments)",
     "max_positions": "longest sequence the absolute table and the checks allow",
     "dropout": "dropout on the streams and the heads",
@@ -188,6 +188,8 @@ MODEL_FIELDS = {
     "initializer_range": "standard deviation of the initial weights",
     "backend": "how the operators run: auto, a backend name or a priority list",
     "operators": "the spec tables of the non-built-in operators the string uses",
+    "vocab_multiple": "the word embedding's rows are vocab_size rounded up to a multiple of "
+                      "this (8 as built; what a resize asked, 1 by default)",
 }
 
 
@@ -286,6 +288,8 @@ PLAN_KEYS = {
     "task_data": "a table: task -> its data directory",
     "seeds": "runs per row (pretraining and finetuning), seeds 0, 1, ...",
     "operators": "[[operators]] tables: the plan's own operators, usable in its rows",
+    "operator_sources": "where each operator was declared (the plan, an --operators file); "
+                        "written into plan.json, read back by a rerun into the same OUT",
     "pretrain": "[pretrain] table: folnet pretrain options every row shares",
     "finetune": "[finetune] table: folnet finetune options every row shares",
     "rows": "[[rows]] tables: the rows (keys below)",
@@ -454,6 +458,26 @@ def figure_hf_compile() -> str:
             f"{args['backend']}, median of {args['repeats']} steps.*\n\n"
             + _table(["model", "graphs", "breaks", "first compiled step", "eager step",
                       "compiled step", "eager / compiled"], rows))
+
+
+def figure_conformance() -> str:
+    """`make conformance`'s counts per test class (docs/figures/conformance.json)."""
+    data = _read(FIGURES / "conformance.json")
+    rows = [(cls, c["passed"], c["failed"], c["skipped"], c["total"])
+            for cls, c in data["counts"].items()]
+    return (f"*Measured {machine_line(data['machine'])}; transformers {data['transformers']}, "
+            f"{data['seconds']} s with {data['jobs']} test processes; `make conformance`.*\n\n"
+            + _table(["test class", "passed", "failed", "skipped", "of"], rows))
+
+
+def figure_conformance_refused() -> str:
+    """The tests folnet is listed as not passing (tests/conformance/refused.toml)."""
+    from folnet.read_files import load
+
+    refused = load(ROOT / "tests" / "conformance" / "refused.toml")
+    rows = [(f"`{name}`", entry["status"], ", ".join(entry.get("classes", ["all three"])),
+             " ".join(entry["reason"].split())) for name, entry in refused.items()]
+    return _table(["test", "status", "classes", "why"], rows)
 
 
 def figure_train_step() -> str:
@@ -893,6 +917,8 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "operators": operators_table,
     "operator-specs": operator_specs,
     "figure-hf-compile": figure_hf_compile,
+    "figure-conformance": figure_conformance,
+    "figure-conformance-refused": figure_conformance_refused,
     "figure-train-step": figure_train_step,
     "figure-step-tensors": figure_step_tensors,
     "figure-memory-modes": figure_memory_modes,

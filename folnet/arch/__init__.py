@@ -9,7 +9,8 @@ Data flows one way: operator string -> `ArchPlan` (`plan`) -> `DualStreamLayer`s
 from folnet.arch.build import build_model, from_pretrained, model_from_config
 from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
 from folnet.arch.config import preset as load_preset
-from folnet.arch.heads import HEADS, Head, register_head
+from folnet.arch.head_table import HEADS, Head, register_head
+from folnet.arch.heads import unregister_head
 from folnet.arch.info import model_info
 from folnet.arch.io.model_dir import (
     ensure_operators,
@@ -58,4 +59,5 @@ __all__ = [
     "run_checkpoints",
     "save_pretrained",
     "set_memory",
+    "unregister_head",
 ]

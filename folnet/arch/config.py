@@ -27,6 +27,7 @@ PRESETS = ("tiny", "small", "base", "large")
 SIZE_LIMITS = {
     "D1": 2**16, "D2": 2**16, "L": 1024, "H": 1024, "S": 2**16, "F1": 2**18, "F2": 2**18,
     "delta": 2**16, "vocab_size": 2**24, "type_vocab_size": 2**16, "max_positions": 2**20,
+    "vocab_multiple": 2**16,
 }
 #: The upper bound of a head's output count (config.json's ``num_labels``): the vocabulary's,
 #: since a text model's outputs are its vocabulary (`folnet.arch.vocab`).
@@ -160,6 +161,9 @@ class ModelConfig:
     initializer_range: float = 0.02
     backend: str = "auto"
     operators: tuple[tuple[tuple[str, Any], ...], ...] = field(default_factory=tuple)
+    # the word embedding's rows: the vocabulary rounded up to a multiple of this (8, as the
+    # released models'; a resize makes it what was asked: `folnet.arch.vocab`)
+    vocab_multiple: int = 8
 
     def __post_init__(self) -> None:
         check_fields({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
@@ -167,8 +171,9 @@ class ModelConfig:
 
     @property
     def padded_vocab(self) -> int:
-        """Rows of the word embedding: the vocabulary rounded up to a multiple of 8."""
-        return -(-self.vocab_size // 8) * 8
+        """Rows of the word embedding: the vocabulary rounded up to a multiple of
+        ``vocab_multiple``."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def absolute_positions(self) -> bool:
@@ -201,6 +206,8 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["operators"] = [dict(t) for t in self.operators]
+        if data["vocab_multiple"] == 8:  # the default: config.json as before the field was
+            del data["vocab_multiple"]
         return data
 
     @classmethod

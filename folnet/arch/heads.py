@@ -5,23 +5,27 @@ are ignored, and a batch with no label left gives a loss of 0 (not NaN). A head 
 kinds of model it fits, the modules it adds to the model -- registered
 under the names given, which are the checkpoints' key prefixes (``mlm.*``, ``nsp.*``,
 ``classifier.*``, ``qa.*``, ``lm.*``) -- and how it turns the stack's outputs into logits and
-losses. `register_head` adds one; `get_head` lists the names that fit a kind on a miss.
+losses. The built-in heads are registered here in the one table of heads,
+`folnet.arch.head_table.HEADS`, which also holds what the rest of folnet needs to know about
+each (its `folnet.hf` class, whether finetuning uses it, ...); `register_head` adds one,
+`unregister_head` removes one of yours, `get_head` lists the names that fit a kind on a miss.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from folnet.arch.config import ModelConfig
+from folnet.arch.head_table import HEADS, Head, register_head
 from folnet.arch.inputs import check_labels
 from folnet.arch.objectives import token_cross_entropy
 from folnet.arch.outputs import FolnetOutput
-from folnet.errors import FolnetError, choices
+from folnet.errors import FolnetError
 from folnet.ops.kernels import layer_norm
 from folnet.ops.kernels.device import kernel_device
 from folnet.tracing import traced
@@ -57,22 +61,42 @@ class PoolerClassifier(nn.Module):
         return self.linear(self.dropout(pooled))
 
 
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The loss of sequence-classification logits (B, C), the problem told by the labels' form
-    as transformers tells it: one output is regression (MSE against float targets (B,)),
-    integer labels (B,) are single-label (cross-entropy, -100 ignored), float labels (B, C)
-    are multi-label (binary cross-entropy with logits, one yes/no per class). Float labels
-    for several classes used to go to the cross-entropy, which read them as a distribution
-    over the classes -- another loss, silently."""
-    if logits.shape[-1] == 1:  # regression
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-    if labels.is_floating_point():
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor,
+                        problem_type: str | None = None) -> torch.Tensor:
+    """The loss of sequence-classification logits (B, C). ``problem_type`` as transformers
+    names it, or None to tell it by the labels' form as transformers does: one output is
+    regression (MSE against float targets), integer labels (B,) are single-label
+    (cross-entropy, -100 ignored), float labels (B, C) are multi-label (binary cross-entropy
+    with logits, one yes/no per class). Float labels for several classes used to go to the
+    cross-entropy, which read them as a distribution over the classes -- another loss,
+    silently."""
+    if problem_type is None:
+        problem_type = ("regression" if logits.shape[-1] == 1 else
+                        "multi_label_classification" if labels.is_floating_point() else
+                        "single_label_classification")
+    if problem_type == "regression":
+        out = logits.squeeze(-1) if logits.shape[-1] == 1 else logits
+        if labels.numel() != out.numel():
+            raise FolnetError(f"labels: regression targets are one number per output, "
+                              f"{tuple(out.shape)} here, got {tuple(labels.shape)}")
+        return F.mse_loss(out.float(), labels.float().reshape(out.shape))
+    if problem_type == "multi_label_classification":
         if tuple(labels.shape) != tuple(logits.shape):
-            raise FolnetError(f"labels: float labels are multi-label targets, one per class, "
-                              f"and must have the logits' shape {tuple(logits.shape)}, got "
+            raise FolnetError(f"labels: multi-label targets are one float per class and must "
+                              f"have the logits' shape {tuple(logits.shape)}, got "
                               f"{tuple(labels.shape)} (single-label classes are integers)")
         return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    if problem_type != "single_label_classification":
+        raise FolnetError(f"problem_type {problem_type!r} is unknown; use one of "
+                          f"{PROBLEM_TYPES}")
+    if labels.is_floating_point():
+        raise FolnetError(f"labels: single-label classes are integers (B,), got "
+                          f"{labels.dtype} labels")
     return token_cross_entropy(logits, check_labels(labels, tuple(logits.shape[:1])))
+
+
+#: transformers' problem types of a sequence classifier (``config.problem_type``).
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -117,37 +141,10 @@ def check_slots(labels: torch.Tensor, slots: int) -> None:
                           f"(or the masking's max_predictions) to at least {most}")
 
 
-@dataclass
-class Targets:
-    """The labels a forward pass may get, and how the MLM logits are wanted."""
-
-    labels: torch.Tensor | None = None
-    mlm_labels: torch.Tensor | None = None
-    nsp_labels: torch.Tensor | None = None
-    start_positions: torch.Tensor | None = None
-    end_positions: torch.Tensor | None = None
-    gather_mlm: bool | int = False  # True: the predicted positions; P: P slots per row
-    values: bool = False  # the labels' values are checked (`folnet.arch.inputs`)
-
-
-class Head:
-    """A head: ``build`` gives its modules by attribute name, ``forward`` fills the output's
-    fields from them and returns its losses."""
-
-    name = "?"
-    kinds: tuple[str, ...] = ("encoder",)
-    multiple_choice = False  # inputs (batch, choices, tokens)
-
-    def build(self, cfg: ModelConfig, num_labels: int, word: nn.Embedding
-              ) -> dict[str, nn.Module]:
-        raise NotImplementedError
-
-    def forward(self, model: nn.Module, out: Any, targets: Targets) -> list[torch.Tensor]:
-        raise NotImplementedError
-
-
 class _MaskedLM(Head):
     name = "mlm"
+    hf_classes: ClassVar[Mapping[str, str]] = {"encoder": "FolnetForMaskedLM"}
+    tied = True
 
     def build(self, cfg, num_labels, word):
         return {"mlm": MLMHead(cfg, word)}
@@ -171,6 +168,7 @@ class _MaskedLM(Head):
 
 class _Pretraining(_MaskedLM):
     name = "pretraining"
+    hf_classes: ClassVar[Mapping[str, str]] = {"encoder": "FolnetForPreTraining"}
 
     def build(self, cfg, num_labels, word):
         return {**super().build(cfg, num_labels, word), "nsp": nn.Linear(cfg.D1, 2)}
@@ -185,6 +183,9 @@ class _Pretraining(_MaskedLM):
 
 class _Classification(Head):
     name = "classification"
+    hf_classes: ClassVar[Mapping[str, str]] = {"encoder": "FolnetForSequenceClassification"}
+    task_head = True
+    task_kinds = ("classification", "regression")
 
     def build(self, cfg, num_labels, word):
         return {"classifier": PoolerClassifier(cfg.D1, num_labels, cfg.dropout)}
@@ -198,6 +199,8 @@ class _Classification(Head):
 class _MultipleChoice(Head):
     name = "multiple-choice"
     multiple_choice = True
+    hf_classes: ClassVar[Mapping[str, str]] = {"encoder": "FolnetForMultipleChoice"}
+    task_head = True
 
     def build(self, cfg, num_labels, word):
         return {"classifier": PoolerClassifier(cfg.D1, 1, cfg.dropout)}
@@ -210,6 +213,9 @@ class _MultipleChoice(Head):
 
 class _QuestionAnswering(Head):
     name = "qa"
+    hf_classes: ClassVar[Mapping[str, str]] = {"encoder": "FolnetForQuestionAnswering"}
+    task_head = True
+    task_kinds = ("qa",)
 
     def build(self, cfg, num_labels, word):
         return {"qa": nn.Linear(cfg.D1, 2)}
@@ -225,6 +231,8 @@ class _QuestionAnswering(Head):
 
 class _TokenClassification(Head):
     name = "token-classification"
+    hf_classes: ClassVar[Mapping[str, str]] = {"encoder": "FolnetForTokenClassification"}
+    task_head = True
 
     def build(self, cfg, num_labels, word):
         return {"dropout": nn.Dropout(cfg.dropout), "classifier": nn.Linear(cfg.D1, num_labels)}
@@ -242,6 +250,9 @@ class _LanguageModel(Head):
 
     name = "lm"
     kinds = ("decoder", "encoder-decoder")
+    hf_classes: ClassVar[Mapping[str, str]] = {"decoder": "FolnetForCausalLM",
+                                               "encoder-decoder": "FolnetForConditionalGeneration"}
+    tied = True
 
     def build(self, cfg, num_labels, word):
         return {"lm": MLMHead(cfg, word)}
@@ -251,31 +262,19 @@ class _LanguageModel(Head):
         return []
 
 
-HEADS: dict[str, Head] = {}
-
-
-def register_head(head: Head) -> Head:
-    """Add a head under ``head.name`` (a duplicate name is refused)."""
-    if head.name in HEADS:
-        raise FolnetError(f"head {head.name!r} is already registered")
-    HEADS[head.name] = head
-    return head
-
-
 for _head in (_Pretraining(), _MaskedLM(), _Classification(), _MultipleChoice(),
               _QuestionAnswering(), _TokenClassification(), _LanguageModel()):
     register_head(_head)
+#: The heads folnet ships, which `unregister_head` keeps.
+BUILTIN_HEADS: tuple[str, ...] = tuple(HEADS)
 
 
-def head_names(kind: str) -> tuple[str, ...]:
-    """The heads a kind of model can carry."""
-    return tuple(name for name, head in HEADS.items() if kind in head.kinds)
-
-
-def get_head(name: str, kind: str) -> Head:
-    """The head ``name`` for a model of ``kind``; a miss lists what fits."""
-    head = HEADS.get(name)
-    if head is None or kind not in head.kinds:
-        raise FolnetError(f"head {name!r} is unknown for kind {kind!r}; use None or "
-                          f"{choices(head_names(kind))}")
-    return head
+def unregister_head(name: str) -> Head:
+    """Remove the registered head ``name`` (not a built-in one); returns it."""
+    if name in BUILTIN_HEADS:
+        raise FolnetError(f"head {name!r} is built in and cannot be unregistered")
+    if name not in HEADS:
+        custom = [n for n in HEADS if n not in BUILTIN_HEADS]
+        raise FolnetError(f"head {name!r} is not registered; registered heads of yours: "
+                          f"{custom or 'none'}")
+    return HEADS.pop(name)

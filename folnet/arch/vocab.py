@@ -1,6 +1,7 @@
 """Growing or shrinking a model's vocabulary after new tokens were added to its tokenizer.
 
-The word embedding has ``padded_vocab`` rows (the vocabulary rounded up to a multiple of 8);
+The word embedding has ``padded_vocab`` rows (the vocabulary rounded up to a multiple of
+``vocab_multiple``: 8 as built, what was asked after a resize);
 the MLM and LM heads are tied to it and carry one bias entry per row. Resizing replaces the
 embedding's weight in place (the module object stays, so every head and the encoder-decoder's
 decoder atoms, which hold the module, stay tied to it), resizes those biases, and gives every
@@ -16,6 +17,8 @@ model's.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -41,16 +44,20 @@ def _mean_rows(old: torch.Tensor, count: int, generator: torch.Generator | None
 
 
 def resize_vocabulary(model: nn.Module, vocab_size: int, *, mean_resizing: bool = True,
+                      pad_to_multiple_of: int | None = None,
                       generator: torch.Generator | None = None) -> nn.Embedding:
-    """Resize ``model``'s vocabulary to ``vocab_size`` ids; returns the word embedding."""
+    """Resize ``model``'s vocabulary to ``vocab_size`` ids, the embedding to exactly that many
+    rows -- or, with ``pad_to_multiple_of``, rounded up to a multiple of it (as transformers'
+    ``resize_token_embeddings``); returns the word embedding."""
     cfg: ModelConfig = model.cfg
-    limit = SIZE_LIMITS["vocab_size"]
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not (
-            1 <= vocab_size <= limit):
-        raise FolnetError(f"vocab_size must be an integer in [1, {limit}], got {vocab_size!r}")
-    if vocab_size == cfg.vocab_size:
+    for name, value, limit in (("vocab_size", vocab_size, SIZE_LIMITS["vocab_size"]),
+                               ("pad_to_multiple_of", 1 if pad_to_multiple_of is None
+                                else pad_to_multiple_of, SIZE_LIMITS["vocab_multiple"])):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise FolnetError(f"{name} must be an integer in [1, {limit}], got {value!r}")
+    new_cfg = cfg.replace(vocab_size=vocab_size, vocab_multiple=pad_to_multiple_of or 1)
+    if new_cfg.padded_vocab == cfg.padded_vocab and vocab_size == cfg.vocab_size:
         return model.word_embedding()
-    new_cfg = cfg.replace(vocab_size=vocab_size)
     old_v, rows = cfg.vocab_size, new_cfg.padded_vocab
     kept = min(old_v, vocab_size)
     word = model.word_embedding()
@@ -70,12 +77,17 @@ def resize_vocabulary(model: nn.Module, vocab_size: int, *, mean_resizing: bool 
             module.bias = nn.Parameter(_resized_bias(module.bias, old_v, vocab_size, rows,
                                                      mean_resizing, generator),
                                        requires_grad=module.bias.requires_grad)
-    for module in model.modules():
-        if getattr(module, "cfg", None) is cfg:
-            module.cfg = new_cfg
+    _give_config(model, cfg, new_cfg)
     if getattr(model, "num_labels", None) == old_v and model.head == "lm":
         model.num_labels = vocab_size  # a text model's outputs are its vocabulary
     return word
+
+
+def _give_config(model: nn.Module, old: ModelConfig, new: ModelConfig) -> None:
+    """Every module of ``model`` that holds ``old`` gets ``new``."""
+    for module in model.modules():
+        if getattr(module, "cfg", None) is old:
+            module.cfg = new
 
 
 def _resized_bias(bias: torch.Tensor, old_v: int, new_v: int, rows: int, mean_resizing: bool,
@@ -97,19 +109,31 @@ def replace_word_embedding(model: nn.Module, new: nn.Module) -> nn.Module:
     it and every head tied to it -- so the model reads and predicts through ``new`` alone
     (transformers' ``set_input_embeddings``; PEFT's trainable-token wrappers use it).
 
-    ``new`` must have the current weight's shape (the vocabulary's padded rows by D1): the tied
-    heads' biases have one entry per row. Another vocabulary size is
-    ``resize_token_embeddings``' job, and is refused here with that advice."""
+    An embedding of another shape is taken too, as transformers' models take it: the
+    vocabulary becomes its rows (no padding) and the tied heads' biases are cut or extended
+    with zeros; one whose width is not D1 is kept with a warning, since no forward pass can
+    read it (growing the vocabulary the usual way is ``resize_token_embeddings``)."""
     old = model.word_embedding()
     weight = getattr(new, "weight", None)
-    if not isinstance(new, nn.Module) or not isinstance(weight, torch.Tensor):
-        raise FolnetError(f"set_input_embeddings needs a module with a weight (an "
+    if not isinstance(new, nn.Module) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise FolnetError(f"set_input_embeddings needs a module with a 2-D weight (an "
                           f"nn.Embedding), got {type(new).__name__}")
+    cfg: ModelConfig = model.cfg
     if tuple(weight.shape) != tuple(old.weight.shape):
-        raise FolnetError(f"set_input_embeddings: the new embedding's weight is "
-                          f"{tuple(weight.shape)}, the model's {tuple(old.weight.shape)} "
-                          f"(vocabulary {model.cfg.vocab_size} padded to a multiple of 8, by "
-                          f"D1); to change the vocabulary use resize_token_embeddings(n)")
+        rows = weight.shape[0]
+        if weight.shape[1] != cfg.D1:
+            warnings.warn(f"set_input_embeddings: the new embedding is {rows} x "
+                          f"{weight.shape[1]}, the model's width D1 is {cfg.D1}: its forward "
+                          f"fails until an embedding of width {cfg.D1} is set", stacklevel=3)
+        for module in model.modules():
+            if getattr(module, "_word", None) is old and isinstance(
+                    getattr(module, "bias", None), nn.Parameter):
+                with torch.no_grad():
+                    bias = module.bias.new_zeros(rows)
+                    kept = min(rows, module.bias.shape[0])
+                    bias[:kept] = module.bias[:kept]
+                module.bias = nn.Parameter(bias, requires_grad=module.bias.requires_grad)
+        _give_config(model, cfg, cfg.replace(vocab_size=rows, vocab_multiple=1))
     for module in model.modules():
         for name, child in list(module._modules.items()):
             if child is old:

@@ -3,7 +3,9 @@
 Importing this module registers `FolnetConfig` (model_type "folnet") and the model classes
 with the Auto classes, so ``AutoConfig``, ``AutoModel``, ``AutoModelForSequenceClassification``,
 ... load a directory saved by `folnet.save_pretrained` (or by these classes). The classes wrap
-the native modules -- same state-dict keys, no copy of the architecture.
+the native modules -- the native weight names on disk, no copy of the architecture; each head
+class holds its base model under ``base_model_prefix`` (`FolnetModel`, `FolnetDecoderModel`,
+`FolnetEncoderDecoderModel`).
 """
 
 from transformers import (
@@ -28,10 +30,11 @@ from folnet.hf.modeling import (
     FolnetForSequenceClassification,
     FolnetForTokenClassification,
     FolnetModel,
-    FolnetModelOutput,
-    FolnetPreTrainedModel,
 )
+from folnet.hf.outputs import FolnetModelOutput
+from folnet.hf.pretrained import FolnetPreTrainedModel
 from folnet.hf.text import FolnetForCausalLM, FolnetForConditionalGeneration
+from folnet.hf.text_base import FolnetDecoderModel, FolnetEncoderDecoderModel
 
 AutoConfig.register("folnet", FolnetConfig, exist_ok=True)
 for _auto, _cls in ((AutoModel, FolnetModel), (AutoModelForPreTraining, FolnetForPreTraining),
@@ -44,7 +47,8 @@ for _auto, _cls in ((AutoModel, FolnetModel), (AutoModelForPreTraining, FolnetFo
                     (AutoModelForSeq2SeqLM, FolnetForConditionalGeneration)):
     _auto.register(FolnetConfig, _cls, exist_ok=True)
 
-__all__ = ["FolnetConfig", "FolnetForCausalLM", "FolnetForConditionalGeneration",
+__all__ = ["FolnetConfig", "FolnetDecoderModel", "FolnetEncoderDecoderModel",
+           "FolnetForCausalLM", "FolnetForConditionalGeneration",
            "FolnetForMaskedLM", "FolnetForMultipleChoice", "FolnetForPreTraining",
            "FolnetForQuestionAnswering", "FolnetForSequenceClassification",
            "FolnetForTokenClassification", "FolnetModel", "FolnetModelOutput",

@@ -21,9 +21,10 @@ from folnet.errors import FolnetError
 
 #: Every name a transformers user reaches a folnet model setting by -- folnet's
 #: `ModelConfig` field first, then the BERT, GPT-2 and T5 names of the same thing -- the one
-#: table `FolnetConfig`'s attributes are made from. Settings of the run may change when a
-#: model is loaded (``from_pretrained(dir, hidden_dropout_prob=0.0)``); sizes are the weights'
-#: and can only be read (tools that size caches or report models read them by these names).
+#: table `FolnetConfig`'s attributes are made from. All are settable: a config describes the
+#: model to build (``config.hidden_size = 64`` before ``FolnetModel(config)``), and settings of
+#: the run may change when a model is loaded (``from_pretrained(dir, hidden_dropout_prob=0.0)``);
+#: weights of other sizes then fail to load unless ``ignore_mismatched_sizes=True``.
 SETTINGS: dict[str, tuple[str, ...]] = {
     "dropout": ("dropout", "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "dropout_rate"),
     "attention_dropout": ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop"),
@@ -52,20 +53,14 @@ def _setting(field: str, name: str) -> property:
         check_fields({field: value}, f"{name} (folnet's {field}): " if name != field else "")
         self.model = {**self.model, field: value}
 
-    return property(get, put, doc=f"folnet's ``{field}`` (settable, also at load)")
+    return property(get, put, doc=f"folnet's ``{field}`` (settable; also at load)")
 
 
-def _size(field: str, name: str) -> property:
-    def get(self: FolnetConfig) -> Any:
-        return self.model[field]
-
-    def put(self: FolnetConfig, value: Any) -> None:
-        if value != self.model[field]:
-            raise FolnetError(f"{name} (folnet's {field}) is {self.model[field]!r}, fixed by the "
-                              f"model's weights; {value!r} cannot be set (a model of other "
-                              f"sizes is built, not loaded: folnet.build_model)")
-
-    return property(get, put, doc=f"folnet's ``{field}`` (read only: the weights' size)")
+#: The BERT names of the sizes, also written to config.json beside ``model`` (tools read
+#: ``hidden_size`` and ``vocab_size`` from the file); ``model`` stays the source, and a file
+#: whose copies disagree with it is refused.
+MIRRORED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings", "vocab_size", "type_vocab_size")
 
 
 class FolnetConfig(PreTrainedConfig):
@@ -96,12 +91,18 @@ class FolnetConfig(PreTrainedConfig):
                                      kind=self.kind, overrides=overrides).to_dict()
         else:  # from a file: every field, and every operator expression, checked first
             ModelConfig.from_dict(self.model, source="model.")
+            for name in MIRRORED:  # config.json's copies of the sizes must agree with model
+                field = next(f for f, names in SIZES.items() if name in names)
+                if name in kwargs and kwargs.pop(name) != self.model[field]:
+                    raise FolnetError(f"{name} disagrees with model.{field} "
+                                      f"({self.model[field]!r}): a config carries each size "
+                                      f"once, in model; set {name} on the config instead")
         if kwargs.get("num_labels") is not None:  # transformers would build 2**63 labels
             check_num_labels(kwargs["num_labels"])
         self.ops = self.model.get("ops", self.ops)
         self.kind = self.model.get("kind", self.kind)
-        if self.kind != "encoder":  # a text model's "num_labels" is its vocabulary
-            kwargs.pop("num_labels", None)
+        if self.kind != "encoder" and kwargs.get("num_labels") == self.model["vocab_size"]:
+            kwargs.pop("num_labels")  # a native text model's file: its outputs, not labels
         if self.kind == "encoder-decoder":  # what generate reads; 0 starts the native decoder
             kwargs.setdefault("is_encoder_decoder", True)
             kwargs.setdefault("decoder_start_token_id", 0)
@@ -125,6 +126,7 @@ class FolnetConfig(PreTrainedConfig):
         data = super().to_dict()
         if data.get("preset") is None:
             data.pop("preset", None)
+        data.update({name: getattr(self, name) for name in MIRRORED})
         return data
 
     @classmethod
@@ -144,10 +146,7 @@ class FolnetConfig(PreTrainedConfig):
 
 
 
-for _field, _names in SETTINGS.items():
+for _field, _names in {**SETTINGS, **SIZES}.items():
     for _name in _names:
         setattr(FolnetConfig, _name, _setting(_field, _name))
-for _field, _names in SIZES.items():
-    for _name in _names:
-        setattr(FolnetConfig, _name, _size(_field, _name))
 

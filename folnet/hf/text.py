@@ -16,21 +16,27 @@ cached step as one graph (tests/hf/test_hf_compile.py).
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
+from folnet.arch.heads import mlm_loss
 from folnet.arch.inputs import check_ids, check_mask, check_prefix, values_checked
 from folnet.arch.layer.atoms import token_positions
 from folnet.arch.layer.stack import Record
 from folnet.arch.models.text import Session
 from folnet.errors import FolnetError
-from folnet.hf.modeling import FolnetPreTrainedModel
+from folnet.hf.config import FolnetConfig
+from folnet.hf.embeds import embeddings_given, ids_for
+from folnet.hf.outputs import FolnetCausalLMOutputWithPast, FolnetSeq2SeqLMOutput, attention_fields
+from folnet.hf.pretrained import FolnetPreTrainedModel, states
+from folnet.hf.text_base import FolnetDecoderModel, FolnetEncoderDecoderModel
 
 
 class FolnetCache:
@@ -102,7 +108,25 @@ def _kept(logits: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
 
 
 class _Generating(FolnetPreTrainedModel, GenerationMixin):
-    """What both text classes share with transformers' generation."""
+    """What both text classes share with transformers' generation, and their layout: the base
+    model (`folnet.hf.text_base`) under ``model``, the LM head beside it; model.safetensors
+    holds the native names (without ``model.``)."""
+
+    base_model_prefix = "model"
+    base_class: type[FolnetDecoderModel | FolnetEncoderDecoderModel]
+
+    def _children(self, config: FolnetConfig, native: nn.Module
+                  ) -> Iterator[tuple[str, nn.Module]]:
+        yield self.base_model_prefix, self.base_class.over(config, native)
+        yield "lm", native.lm
+
+    def _weights_as_saved(self) -> dict[str, torch.Tensor]:
+        cut = len(self.base_model_prefix) + 1
+        return {k[cut:] if k.startswith(f"{self.base_model_prefix}.") else k: v
+                for k, v in self.state_dict().items()}
+
+    def own_name(self, saved: str) -> str:
+        return saved if saved.startswith("lm.") else f"{self.base_model_prefix}.{saved}"
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -121,20 +145,24 @@ class _Generating(FolnetPreTrainedModel, GenerationMixin):
         return Record.asked(asked["output_hidden_states"], False, asked["output_attentions"])
 
     @staticmethod
-    def _states(record: Record | None) -> dict[str, Any]:
+    def _states(record: Record | None, prefix: str = "") -> dict[str, Any]:
+        """A cached step's recorded states, as the outputs name them (`folnet.hf.outputs`)."""
         if record is None:
             return {}
-        return {"hidden_states": None if record.hidden is None else tuple(record.hidden),
-                "attentions": None if record.attentions is None else tuple(record.attentions)}
+        return {f"{prefix}hidden_states": None if record.hidden is None else tuple(record.hidden),
+                **attention_fields(record.attentions, prefix)}
 
 
 class FolnetForCausalLM(_Generating):
     """Decoder-only FOLNet (``AutoModelForCausalLM``); ``labels`` are the inputs (shifted
-    inside), ``prefix_lengths`` makes a PrefixLM. A decoder has no token types: tokenizers'
+    inside), or ``shift_labels`` the targets already shifted (as transformers' sequence
+    parallelism gives them: position t's label is the token after t, -100 ignored);
+    ``prefix_lengths`` makes a PrefixLM. A decoder has no token types: tokenizers'
     all-zero ``token_type_ids`` are accepted and ignored."""
 
     kind = "decoder"
     head = "lm"
+    base_class = FolnetDecoderModel
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 prefix_lengths=None, cache: FolnetCache | None = None,
@@ -142,34 +170,41 @@ class FolnetForCausalLM(_Generating):
                 use_cache: bool | None = None, logits_to_keep: int = 0,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 output_relations: bool | None = None, return_dict: bool | None = None,
-                **kwargs: Any):
-        native = self.native
-        values = _values(native, input_ids)
-        if (token_type_ids is not None and values
-                and bool(torch.as_tensor(token_type_ids).any())):
-            raise FolnetError("token_type_ids: a FOLNet decoder has no token types; give none "
-                              "(or zeros)")
-        cache = _past(cache, past_key_values)
-        if cache is not None or (use_cache and labels is None and not output_relations):
-            record = self._record(output_attentions, output_hidden_states)
-            ids = check_ids(native.cfg, input_ids, values=values)  # (B, k): the new tokens
-            if cache is not None and cache.session is not None:  # a running generation
-                logits = cache.session.step(ids, record)
-            else:  # generate's first call: the prompt
-                pad = check_mask(attention_mask, ids, values=values)
-                prefix = check_prefix(prefix_lengths, *ids.shape, ids.device, values=values)
-                logits, session = native.begin(ids, pad, prefix, record=record)
-                cache = cache if cache is not None else FolnetCache()
-                cache.session = session
-            return self._returned(CausalLMOutputWithPast(
-                logits=_kept(logits, logits_to_keep), **{CACHE: cache}, **self._states(record)),
+                inputs_embeds: torch.Tensor | None = None, **kwargs: Any):
+        input_ids = ids_for(input_ids, inputs_embeds)
+        with embeddings_given(self.get_input_embeddings(), [inputs_embeds]):
+            native = self.native
+            values = _values(native, input_ids)
+            if (token_type_ids is not None and values
+                    and bool(torch.as_tensor(token_type_ids).any())):
+                raise FolnetError("token_type_ids: a FOLNet decoder has no token types; give none "
+                                  "(or zeros)")
+            cache = _past(cache, past_key_values)
+            if cache is not None or (use_cache and labels is None and not output_relations):
+                record = self._record(output_attentions, output_hidden_states)
+                ids = check_ids(native.cfg, input_ids, values=values)  # (B, k): the new tokens
+                if cache is not None and cache.session is not None:  # a running generation
+                    logits = cache.session.step(ids, record)
+                else:  # generate's first call: the prompt
+                    pad = check_mask(attention_mask, ids, values=values)
+                    prefix = check_prefix(prefix_lengths, *ids.shape, ids.device, values=values)
+                    logits, session = native.begin(ids, pad, prefix, record=record)
+                    cache = cache if cache is not None else FolnetCache()
+                    cache.session = session
+                return self._returned(FolnetCausalLMOutputWithPast(
+                    logits=_kept(logits, logits_to_keep), **{CACHE: cache}, **self._states(record)),
+                    return_dict)
+            shift_labels = kwargs.get("shift_labels")  # targets already aligned with the logits
+            out = native(input_ids, prefix_lengths=prefix_lengths,
+                         labels=labels if shift_labels is None else None,
+                         attention_mask=attention_mask,
+                         **self._asked(output_attentions, output_hidden_states, output_relations))
+            loss = out.loss
+            if shift_labels is not None:  # sequence parallelism: the shift was made across ranks
+                loss = mlm_loss(out.logits, torch.as_tensor(shift_labels, device=out.logits.device))
+            return self._returned(FolnetCausalLMOutputWithPast(
+                loss=loss, logits=_kept(out.logits, logits_to_keep), **states(out)),
                 return_dict)
-        out = native(input_ids, prefix_lengths=prefix_lengths, labels=labels,
-                     attention_mask=attention_mask,
-                     **self._asked(output_attentions, output_hidden_states, output_relations))
-        return self._returned(CausalLMOutputWithPast(
-            loss=out.loss, logits=_kept(out.logits, logits_to_keep),
-            hidden_states=out.hidden_states, attentions=out.attentions), return_dict)
 
 
 @dataclass
@@ -180,7 +215,8 @@ class FolnetEncoderOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None  # (B, N, D1)
     relation_output: torch.Tensor | None = None  # (B, N, N, D2)
     hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[dict[str, torch.Tensor], ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None  # L of (B, H, N, N)
+    operator_attentions: tuple[dict[str, torch.Tensor], ...] | None = None
 
 
 class _Encoder(nn.Module):
@@ -192,14 +228,18 @@ class _Encoder(nn.Module):
         object.__setattr__(self, "owner", owner)
 
     def forward(self, input_ids=None, attention_mask=None, output_attentions=None,
-                output_hidden_states=None, return_dict: bool | None = True, **kwargs: Any):
+                output_hidden_states=None, return_dict: bool | None = True,
+                inputs_embeds: torch.Tensor | None = None, **kwargs: Any):
         native = self.owner.native
+        input_ids = ids_for(input_ids, inputs_embeds)
         values = _values(native, input_ids)
         ids = check_ids(native.cfg, input_ids, values=values)
         record = self.owner._record(output_attentions, output_hidden_states)
         if record is not None and record.hidden is not None:
             record.relations = []
-        e1, e2, _ = native.encode(ids, check_mask(attention_mask, ids, values=values), record)
+        with embeddings_given(self.owner.get_input_embeddings(), [inputs_embeds]):
+            e1, e2, _ = native.encode(ids, check_mask(attention_mask, ids, values=values),
+                                      record)
         out = FolnetEncoderOutput(e1, e2, **self.owner._states(record))
         return self.owner._returned(out, return_dict)
 
@@ -211,11 +251,25 @@ class FolnetForConditionalGeneration(_Generating):
 
     kind = "encoder-decoder"
     head = "lm"
+    base_class = FolnetEncoderDecoderModel
 
     def __init__(self, config):
         super().__init__(config)
         object.__setattr__(self, "_encoder", _Encoder(self))
         self._start_token()
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None,
+                                        *args: Any, **kwargs: Any) -> None:
+        """transformers' checkpointing, but not re-entrant: each decoder layer reads the
+        encoder's outputs through its cross context, not through its arguments, and
+        ``use_reentrant=True`` would run the backward into the encoder once per layer."""
+        if (activation_checkpointing_kwargs or {}).get("use_reentrant"):
+            raise FolnetError("use_reentrant=True: an encoder-decoder FOLNet's decoder layers "
+                              "read the encoder's outputs outside their arguments, which "
+                              "re-entrant checkpointing cannot follow; use use_reentrant=False "
+                              "(transformers' default)")
+        super().activation_checkpointing_enable(activation_checkpointing_kwargs, *args,
+                                                **kwargs)
 
     def _start_token(self) -> None:
         """transformers 5 does not carry the config's decoder_start_token_id over to the
@@ -239,40 +293,48 @@ class FolnetForConditionalGeneration(_Generating):
                 use_cache: bool | None = None,
                 logits_to_keep: int = 0, output_attentions: bool | None = None,
                 output_hidden_states: bool | None = None, output_relations: bool | None = None,
-                return_dict: bool | None = None, **kwargs: Any):
-        native = self.native
-        cache = _past(cache, past_key_values)
-        if cache is not None or (use_cache and labels is None and decoder_input_ids is not None
-                                 and decoder_attention_mask is None and not output_relations):
-            record = self._record(output_attentions, output_hidden_states)
-            ids = check_ids(native.cfg, decoder_input_ids, "decoder_input_ids",
-                            values=_values(native, decoder_input_ids))  # (B, k) new tokens
-            if cache is not None and cache.session is not None:
-                logits = cache.session.step(ids, record)
-            else:  # generate's first decoder call: the start token (and any candidates)
-                encoded, pad = self._encoded(input_ids, attention_mask, encoder_outputs)
-                logits, session = native.begin(None, pad, ids, encoded=encoded, record=record)
-                cache = cache if cache is not None else FolnetCache()
-                cache.session, cache.offset = session, encoded[0].shape[1]
-            return self._returned(Seq2SeqLMOutput(
-                logits=_kept(logits, logits_to_keep), **{CACHE: cache},
-                decoder_hidden_states=self._states(record).get("hidden_states"),
-                decoder_attentions=self._states(record).get("attentions")), return_dict)
-        asked = self._asked(output_attentions, output_hidden_states, output_relations)
-        if encoder_outputs is not None and labels is None:  # generate without a cache
-            encoded, _ = self._encoded(input_ids, attention_mask, encoder_outputs)
-            out = native.decode(encoded, decoder_input_ids, attention_mask=attention_mask,
-                                decoder_attention_mask=decoder_attention_mask, **asked)
-        else:
-            out = native(input_ids, decoder_input_ids=decoder_input_ids, labels=labels,
-                         attention_mask=attention_mask,
-                         decoder_attention_mask=decoder_attention_mask, **asked)
-        return self._returned(Seq2SeqLMOutput(
-            loss=out.loss, logits=_kept(out.logits, logits_to_keep),
-            decoder_hidden_states=out.hidden_states, decoder_attentions=out.attentions,
-            encoder_last_hidden_state=out.encoder_sequence_output,
-            encoder_hidden_states=out.encoder_hidden_states,
-            encoder_attentions=out.encoder_attentions), return_dict)
+                return_dict: bool | None = None, inputs_embeds: torch.Tensor | None = None,
+                decoder_inputs_embeds: torch.Tensor | None = None, **kwargs: Any):
+        if encoder_outputs is None:
+            input_ids = ids_for(input_ids, inputs_embeds)
+        decoder_input_ids = ids_for(decoder_input_ids, decoder_inputs_embeds,
+                                    "decoder_input_ids and decoder_inputs_embeds")
+        given = ([decoder_inputs_embeds] if encoder_outputs is not None  # no encoder lookup
+                 else [inputs_embeds, decoder_inputs_embeds])
+        with embeddings_given(self.get_input_embeddings(), given):
+            native = self.native
+            cache = _past(cache, past_key_values)
+            if cache is not None or (use_cache and labels is None and decoder_input_ids is not None
+                                     and decoder_attention_mask is None and not output_relations):
+                record = self._record(output_attentions, output_hidden_states)
+                ids = check_ids(native.cfg, decoder_input_ids, "decoder_input_ids",
+                                values=_values(native, decoder_input_ids))  # (B, k) new tokens
+                if cache is not None and cache.session is not None:
+                    logits = cache.session.step(ids, record)
+                else:  # generate's first decoder call: the start token (and any candidates)
+                    encoded, pad = self._encoded(input_ids, attention_mask, encoder_outputs)
+                    logits, session = native.begin(None, pad, ids, encoded=encoded, record=record)
+                    cache = cache if cache is not None else FolnetCache()
+                    cache.session, cache.offset = session, encoded[0].shape[1]
+                return self._returned(FolnetSeq2SeqLMOutput(
+                    logits=_kept(logits, logits_to_keep), **{CACHE: cache},
+                    **self._states(record, "decoder_")), return_dict)
+            asked = self._asked(output_attentions, output_hidden_states, output_relations)
+            if encoder_outputs is not None and labels is None:  # generate without a cache
+                encoded, _ = self._encoded(input_ids, attention_mask, encoder_outputs)
+                out = native.decode(encoded, decoder_input_ids, attention_mask=attention_mask,
+                                    decoder_attention_mask=decoder_attention_mask, **asked)
+            else:
+                out = native(input_ids, decoder_input_ids=decoder_input_ids, labels=labels,
+                             attention_mask=attention_mask,
+                             decoder_attention_mask=decoder_attention_mask, **asked)
+            return self._returned(FolnetSeq2SeqLMOutput(
+                loss=out.loss, logits=_kept(out.logits, logits_to_keep),
+                decoder_hidden_states=out.hidden_states,
+                encoder_last_hidden_state=out.encoder_sequence_output,
+                encoder_hidden_states=out.encoder_hidden_states,
+                **attention_fields(out.attentions, "decoder_"),
+                **attention_fields(out.encoder_attentions, "encoder_")), return_dict)
 
     def prepare_inputs_for_generation(self, decoder_input_ids: torch.Tensor, *args: Any,
                                       **kwargs: Any) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from folnet.errors import FolnetError, choices
 from folnet.ops import masks
 from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, Call, Operand
 from folnet.ops.backends.base import activated_kernel
+from folnet.ops.backends.einsum import contract
+from folnet.ops.kernels import dropout
 from folnet.ops.kernels.device import kernel_device
 from folnet.ops.registry import get_operator
 from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
@@ -161,9 +163,32 @@ class CompiledOperator:
             raise FolnetError(f"operator {spec.symbol!r} has no softmax kernel to return")
         K, kidx = activated_kernel(spec, kernel, pad, order=order,
                                    premasked="kernel" in premasked)
+        return K.permute(self._probability_order(kidx))
+
+    def _probability_order(self, kidx: tuple[str, ...]) -> list[int]:
+        """The permutation from a kernel laid out as ``kidx`` to `probabilities`' layout."""
+        rdim = self.spec.rdim
         letters = (*(c for c in kidx if c not in TOKEN_LETTERS),
-                   *(c for c in kidx if c in TOKEN_LETTERS and c != spec.rdim), spec.rdim)
-        return K.permute([0] + [1 + kidx.index(c) for c in letters])
+                   *(c for c in kidx if c in TOKEN_LETTERS and c != rdim), rdim)
+        return [0] + [1 + kidx.index(c) for c in letters]
+
+    def run_recorded(self, kernel: Operand, premise: Operand, pad: torch.Tensor | None, *,
+                     order: masks.Visibility | None, dropout_p: float = 0.0,
+                     premasked: frozenset[str] = frozenset()
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run` on the reference contraction, with `probabilities` -- the very tensor the
+        output is computed from (then dropped out), so that gradients reach it: what
+        ``output_attentions`` returns, and ``attentions[l].retain_grad()`` reads."""
+        spec = self.spec
+        if spec.activation != "softmax":
+            raise FolnetError(f"operator {spec.symbol!r} has no softmax kernel to return")
+        K, kidx = activated_kernel(spec, kernel, pad, order=order,
+                                   premasked="kernel" in premasked)
+        order_ = self._probability_order(kidx)
+        probs = K.permute(order_)
+        K = probs.permute([order_.index(i) for i in range(len(order_))])  # kidx again, via probs
+        dropped = dropout(K, dropout_p, True) if dropout_p > 0.0 else K
+        return contract(spec, dropped, kidx, premise, order=order, premasked=premasked), probs
 
     # -- the public entries ----------------------------------------------------------------------
     def __call__(self, kernel: torch.Tensor, premise: torch.Tensor,

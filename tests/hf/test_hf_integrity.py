@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from tolerances import assert_rel
 
 import folnet
-from folnet.checksums import MANIFEST, read_manifest, write_model_manifest
+from folnet.checksums import MANIFEST, read_manifest, strict_checksums, write_model_manifest
 from folnet.cli import main
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer, train_tokenizer
@@ -148,7 +149,7 @@ def _hf_model(tokenizer: FolnetTokenizer, directory: Path) -> FolnetForPreTraini
 
 def test_a_directory_saved_through_transformers_loads_without_a_warning(tmp_path, tokenizer,
                                                                         capsys):
-    """Fails until ``FolnetPreTrainedModel.save_pretrained`` (folnet/hf/modeling.py) calls
+    """Fails until ``FolnetPreTrainedModel.save_pretrained`` (folnet/hf/pretrained.py) calls
     `folnet.checksums.write_model_manifest` after transformers' own save."""
     model = _hf_model(tokenizer, tmp_path / "native")
     saved = tmp_path / "saved"
@@ -346,12 +347,44 @@ def test_a_tokenizer_saved_into_the_model_folder_by_transformers_still_loads(sav
     with pytest.raises(FolnetError, match=r"rewritten after folnet saved .* no longer maps "
                                           r"text to the ids the model learnt"):
         folnet.from_pretrained(swapped)
-    # rewritten weights: refused, said to be newer than the manifest; recorded again, they load
+    # weights rewritten whole (another library's save_file): loaded unverified, with a
+    # warning that says so; refused under strict checksums; recorded again, they load quietly
     weights = _copy(saved_dirs["hf"], tmp_path / "weights")
-    edit_one_byte(weights / "model.safetensors")
-    os.utime(weights / "model.safetensors")  # now: a later write, not damage in place
+    tensors = load_file(weights / "model.safetensors")
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1.0  # another file: new values, written whole
+    # the same tensors under the header folnet wrote: the bytes changed in place -- refused
+    save_file(tensors, weights / "model.safetensors", metadata={"format": "pt"})
+    os.utime(weights / "model.safetensors")  # a later write (the clock may not have moved)
+    with pytest.raises(FolnetError, match="under the very header folnet wrote"):
+        folnet.from_pretrained(weights)
+    # another layout (here another save's metadata): another library's save
+    save_file(tensors, weights / "model.safetensors", metadata={"format": "pt", "by": "other"})
+    os.utime(weights / "model.safetensors")
+    capsys.readouterr()
+    assert folnet.from_pretrained(weights) is not None
+    said = capsys.readouterr().err
+    assert "complete safetensors file" in said and "UNVERIFIED" in said, said
+    with strict_checksums(), pytest.raises(FolnetError, match="or rewritten"):
+        folnet.from_pretrained(weights)
+    # a manifest written before headers were recorded cannot tell a rewrite: refused
+    manifest = json.loads((weights / MANIFEST).read_text())
+    assert set(manifest["headers"]) == {"model.safetensors"}
+    old = _copy(weights, tmp_path / "old-manifest")
+    (old / MANIFEST).write_text(json.dumps({k: v for k, v in manifest.items()
+                                            if k != "headers"}))
+    os.utime(old / "model.safetensors", ns=(time.time_ns() + 10**9,) * 2)
+    with pytest.raises(FolnetError, match="or rewritten"):
+        folnet.from_pretrained(old)
+    # a rewritten file that is not whole (truncated, or its header hit) is refused
+    broken = _copy(saved_dirs["hf"], tmp_path / "broken")
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[:-3])
+    os.utime(broken / "model.safetensors")
     with pytest.raises(FolnetError, match=r"corrupt or truncated, or rewritten: .* newer than "
                                           r"checksums\.json .*write_model_manifest"):
-        folnet.from_pretrained(weights)
+        folnet.from_pretrained(broken)
     write_model_manifest(weights)
+    capsys.readouterr()
     assert folnet.from_pretrained(weights) is not None
+    assert "UNVERIFIED" not in capsys.readouterr().err

@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 import folnet  # noqa: E402
 import folnet.hf  # noqa: E402  (registers the Auto classes)
 from folnet.errors import FolnetError  # noqa: E402
+from folnet.hf import FolnetConfig, FolnetForSequenceClassification  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,11 +132,19 @@ def test_multi_label_float_targets_get_the_binary_cross_entropy(saved, which):
     assert abs(float(again.loss) - float(want)) < 1e-6
 
 
-def test_problem_types_folnet_cannot_compute_are_refused(saved):
+def test_each_problem_type_is_transformers_loss_and_bad_labels_are_refused(saved):
+    """An explicit ``problem_type`` gets its loss whatever the label count, as BERT's does
+    (regression over 3 outputs is MSE against (B, 3) targets); labels of the wrong form for it
+    are refused by name."""
     ids, mask = _batch()
-    wrong = [("regression", torch.tensor([0.1, 0.2, 0.3, 0.4]), "problem_type 'regression'"),
+    targets = torch.rand(4, C)
+    model = _load(saved["folnet"], problem_type="regression").eval()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, labels=targets)
+    assert abs(float(out.loss) - float(F.mse_loss(out.logits.double(), targets.double()))) < 1e-6
+    wrong = [("regression", torch.tensor([0.1, 0.2, 0.3, 0.4]), "regression targets"),
              ("single_label_classification", torch.rand(4, C), "float32 labels"),
-             ("multi_label_classification", torch.tensor([0, 1, 2, 1]), "int64 labels"),
+             ("multi_label_classification", torch.tensor([0, 1, 2, 1]), "logits' shape"),
              ("ranking", torch.tensor([0, 1, 2, 1]), "problem_type 'ranking' is unknown")]
     for kind, labels, needle in wrong:
         model = _load(saved["folnet"]).eval()
@@ -169,9 +178,15 @@ def test_config_overrides_at_load(saved, which, kwargs):
                                model.eval()(input_ids=ids, attention_mask=mask).logits)
 
 
-def test_sizes_cannot_be_overridden_at_load_and_bad_values_name_the_field(saved):
-    with pytest.raises(FolnetError, match=r"hidden_size \(folnet's D1\) is 64, fixed by the "
-                                          r"model's weights; 128 cannot be set"):
+def test_sizes_are_settable_and_other_sizes_do_not_load_silently(saved):
+    """A config's sizes are what the model is built with (set before building, as BERT's);
+    loading weights into other sizes fails, as BERT's, unless the mismatch is waived."""
+    config = FolnetConfig.from_pretrained(saved["folnet"])
+    config.hidden_size, config.num_attention_heads = 32, 2
+    model = FolnetForSequenceClassification(config)
+    assert model.native.cfg.D1 == 32 and model.native.cfg.H == 2
+    assert model.classifier.linear.in_features == 32
+    with pytest.raises(RuntimeError, match="mismatch"):
         _load(saved["folnet"], hidden_size=128)
     assert _load(saved["folnet"], hidden_size=64).config.hidden_size == 64
     with pytest.raises(FolnetError, match=r"hidden_dropout_prob \(folnet's dropout\): dropout "
@@ -238,9 +253,17 @@ def test_set_input_embeddings(saved, which, tmp_path):
         with torch.no_grad():
             reference.get_input_embeddings().weight.mul_(2.0)
             assert torch.equal(reference(input_ids=ids, attention_mask=mask).logits, after)
-        with pytest.raises(FolnetError, match="use resize_token_embeddings"):
-            model.set_input_embeddings(torch.nn.Embedding(old.weight.shape[0] + 8,
-                                                          old.weight.shape[1]))
+        rows = old.weight.shape[0] + 5  # another shape, as BERT takes it: the vocabulary
+        bigger = torch.nn.Embedding(rows, old.weight.shape[1])
+        model.set_input_embeddings(bigger)
+        assert model.config.vocab_size == rows and model.native.cfg.vocab_size == rows
+        with torch.no_grad():
+            model(input_ids=torch.full_like(ids, rows - 1), attention_mask=mask)
+        with pytest.warns(UserWarning, match="width D1 is"):
+            model.set_input_embeddings(torch.nn.Embedding(10, 10))
+        assert model.get_input_embeddings().weight.shape == (10, 10)
+        with pytest.raises(FolnetError, match="2-D weight"):
+            model.set_input_embeddings(torch.nn.Linear(3, 4, bias=False).weight)
 
 
 def test_set_input_embeddings_reaches_the_tied_mlm_decoder(tmp_path):

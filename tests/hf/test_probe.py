@@ -168,7 +168,7 @@ def test_resize_token_embeddings_native(kind, head):
     old = model.word_embedding().weight[:V].clone()
     embedding = model.resize_token_embeddings(V + 13)
     assert embedding is model.word_embedding() and model.cfg.vocab_size == V + 13
-    assert embedding.weight.shape[0] == -(-(V + 13) // 8) * 8  # the padding rule kept
+    assert embedding.weight.shape[0] == V + 13  # exact: no padding unless asked
     new_rows = embedding.weight[V : V + 13]
     assert_close(new_rows, old.mean(0).expand_as(new_rows), rtol=0, atol=1e-3,
                  what="new rows at the old mean")  # transformers' mean_resizing
@@ -178,8 +178,8 @@ def test_resize_token_embeddings_native(kind, head):
         assert_close(after[..., :V], before, rtol=0, atol=0, what="old logits unchanged")
         new = torch.tensor([[V + 12, 3, V]])
         model(new, **({"decoder_input_ids": new} if kind == "encoder-decoder" else {}))
-    model.resize_token_embeddings(V - 20)
-    assert model.word_embedding().weight.shape[0] == -(-(V - 20) // 8) * 8
+    model.resize_token_embeddings(V - 20, pad_to_multiple_of=16)
+    assert model.word_embedding().weight.shape[0] == -(-(V - 20) // 16) * 16
     with pytest.raises(folnet.FolnetError, match=r"outside the vocabulary: .* vocab_size = 70"):
         model(ids, **kw)  # ids beyond the smaller vocabulary are refused, naming the limit
 
@@ -197,8 +197,12 @@ def test_resize_through_transformers_and_the_tied_head(tmp_path, bert):
     ours.save_pretrained(tmp_path / "resized")
     back = folnet.from_pretrained(tmp_path / "resized")
     assert back.cfg.vocab_size == V + 7
-    with pytest.raises(folnet.FolnetError, match="pad_to_multiple_of"):
-        ours.resize_token_embeddings(V + 9, pad_to_multiple_of=64)
+    assert back.word_embedding().weight.shape[0] == V + 7  # exact rows, through config.json
+    emb = ours.resize_token_embeddings(V + 9, pad_to_multiple_of=64)
+    assert emb.weight.shape[0] == 128 and ours.config.vocab_size == V + 9
+    assert ours.config.model["vocab_multiple"] == 64
+    with pytest.raises(ValueError, match=r"1\.3"):  # transformers' own check
+        ours.resize_token_embeddings(V + 9, pad_to_multiple_of=1.3)
     clf = folnet.build_model("j.a", preset="tiny", head="classification", num_labels=2)
     clf.save_pretrained(tmp_path / "clf")
     assert transformers.AutoModelForSequenceClassification.from_pretrained(

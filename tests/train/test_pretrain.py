@@ -76,8 +76,13 @@ def test_config_errors_name_the_file_or_the_flag(tmp_path):
 def test_run_directory_holds_checkpoints_tokenizer_logs_and_final_model(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(tiny_run(out, "--num-workers", "1", "--keep-last", "5")) == 0
-    closing = [line for line in capsys.readouterr().out.splitlines() if "final model" in line]
+    printed = capsys.readouterr().out
+    closing = [line for line in printed.splitlines() if "final model" in line]
     assert closing == [f"done: 4 steps; final model and tokenizer in {out / 'final'}"]
+    # --no-progress: a plain line per logged step (every 2), no bar's carriage returns
+    steps = [line.split(":")[0] for line in printed.splitlines() if " step " in line]
+    assert [s.split()[-1] for s in steps if "/4" in s] == ["2/4", "4/4"], printed
+    assert "\r" not in printed
     for step in (2, 4):
         ckpt = out / "checkpoints" / f"step_{step}"
         names = {p.name for p in ckpt.iterdir()}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels
+from folnet.arch.head_table import hf_class
 from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
 from folnet.atomic_write import atomic_write, atomic_write_json
 from folnet.checksums import verify_model_dir, write_model_manifest
@@ -30,27 +31,19 @@ WEIGHTS_METADATA = {"format": "pt"}
 VERSION = 2  # 2: config.json also says model_type and architectures (transformers reads it)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
-#: The `folnet.hf` class that loads a model of each kind and head (config.json's
-#: ``architectures``, which transformers' pipelines read).
-HF_CLASSES = {
-    ("encoder", None): "FolnetModel", ("encoder", "pretraining"): "FolnetForPreTraining",
-    ("encoder", "mlm"): "FolnetForMaskedLM",
-    ("encoder", "classification"): "FolnetForSequenceClassification",
-    ("encoder", "multiple-choice"): "FolnetForMultipleChoice",
-    ("encoder", "qa"): "FolnetForQuestionAnswering",
-    ("encoder", "token-classification"): "FolnetForTokenClassification",
-    ("decoder", "lm"): "FolnetForCausalLM",
-    ("encoder-decoder", "lm"): "FolnetForConditionalGeneration",
-}
-
 
 def model_metadata(model: Any) -> dict[str, Any]:
-    """What config.json says of a model: enough to rebuild it (`folnet.from_pretrained`)."""
+    """What config.json says of a model: enough to rebuild it (`folnet.from_pretrained`).
+    ``architectures`` (which transformers' pipelines read) names the `folnet.hf` class of its
+    kind and head from the head's entry (`folnet.arch.head_table.hf_class`); a registered head
+    without one gets no ``architectures``: config.json still records the head, and the model
+    loads with `folnet.from_pretrained` once the head is registered again."""
+    arch = hf_class(model.cfg.kind, model.head)
     return {
         "format": FORMAT,
         "version": VERSION,
         "model_type": "folnet",
-        "architectures": [HF_CLASSES[model.cfg.kind, model.head]],
+        **({"architectures": [arch]} if arch is not None else {}),
         "ops": str(model.plan),
         "kind": model.cfg.kind,
         "head": model.head,

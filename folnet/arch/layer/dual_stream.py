@@ -59,6 +59,7 @@ from folnet.arch.layer.slots import (
 )
 from folnet.arch.plan import LayerPlan
 from folnet.ops import Operand, compile_operator, masks
+from folnet.ops.backends import BACKENDS
 from folnet.ops.kernels import layer_norm, linear, segmented_linear
 from folnet.ops.kernels.autocast import autocast_dtype
 from folnet.ops.kernels.device import kernel_device
@@ -263,7 +264,8 @@ class DualStreamLayer(nn.Module):
                 and not unary_only and fused_norm_why_not(
                     u2, u2, causal=domain.causal,
                     p=self.cfg.dropout if self.training else 0.0) is None)
-        return LayerCall(domain=domain, dispatch=self.dispatch(like, domain, unary_only),
+        return LayerCall(domain=domain, dispatch=self.dispatch(like, domain, unary_only,
+                                                               recording=attentions is not None),
                          visible=domain.keep(), spans=spans,
                          ffn_rows=rows["ffn"] if domain.rows is None else None,
                          context=context, attentions=attentions,
@@ -299,12 +301,18 @@ class DualStreamLayer(nn.Module):
         """What a block of rows reads of each operand of the ``wanted`` operators."""
         return self._reach[wanted]
 
-    def dispatch(self, n2: torch.Tensor, domain: Domain, unary_only: bool = False) -> Dispatch:
-        """Which operators this call runs, and the route each takes (backend and layouts)."""
+    def dispatch(self, n2: torch.Tensor, domain: Domain, unary_only: bool = False, *,
+                 recording: bool = False) -> Dispatch:
+        """Which operators this call runs, and the route each takes (backend and layouts).
+        ``recording`` (output_attentions): the softmax operators take the reference einsum
+        route, whose activated kernel is returned as computed (`CompiledOperator.run_recorded`)."""
         wanted = self._wanted(unary_only)
         routes = {}
         for i in wanted:
             op = self.ops[i]
+            if recording and op.spec.activation == "softmax":
+                routes[i] = op.route_by(BACKENDS["einsum"])
+                continue
             # rpe*'s static terms dominate its layers' cost (the fused path measured 1.02x
             # there): they keep every kernel and premise materialised, as before. A block of a
             # bidirectional square's rows is a plain rectangular call: no mask runs along rows
@@ -330,12 +338,13 @@ class DualStreamLayer(nn.Module):
                 K = Operand(K.tensor * slot.kernel_scale, K.letters)
             order = domain.order(self._query[i])
             masked = premasked.get(i, frozenset())
-            if attentions is not None and spec.activation == "softmax":
-                attentions[spec.symbol] = op.probabilities(K, domain.pad, order=order,
-                                                           premasked=masked)
-            out = op.run(K, v, domain.pad, order=order, route=dispatch.routes[i],
-                         dropout_p=p if spec.kernel_dropout else 0.0,
-                         premasked=masked)  # spec.output layout
+            drop = p if spec.kernel_dropout else 0.0
+            if attentions is not None and spec.activation == "softmax":  # on the output's path
+                out, attentions[spec.symbol] = op.run_recorded(
+                    K, v, domain.pad, order=order, dropout_p=drop, premasked=masked)
+            else:
+                out = op.run(K, v, domain.pad, order=order, route=dispatch.routes[i],
+                             dropout_p=drop, premasked=masked)  # spec.output layout
             if cfg.position == "rpe*":
                 out = out + static_relative(spec, K.laid_out(spec.kernel), domain,
                                             self.rel_key, self.rel_value)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from folnet.arch.config import ModelConfig
-from folnet.arch.heads import Head, get_head
+from folnet.arch.head_table import Head, get_head
 from folnet.arch.io.model_dir import save_pretrained
 from folnet.arch.layer.stack import Stack
 from folnet.arch.plan import ArchPlan, parse_plan
@@ -75,12 +75,14 @@ class FolnetBase(nn.Module):
         raise NotImplementedError
 
     def resize_token_embeddings(self, vocab_size: int, *, mean_resizing: bool = True,
+                                pad_to_multiple_of: int | None = None,
                                 generator: torch.Generator | None = None) -> nn.Embedding:
         """Resize the vocabulary to ``vocab_size`` ids after tokens were added to (or removed
-        from) the tokenizer: the word embedding, the heads tied to it and the config
-        (`folnet.arch.vocab`). Returns the word embedding."""
+        from) the tokenizer: the word embedding (exactly ``vocab_size`` rows, or rounded up
+        to ``pad_to_multiple_of``), the heads tied to it and the config (`folnet.arch.vocab`).
+        Returns the word embedding."""
         return resize_vocabulary(self, vocab_size, mean_resizing=mean_resizing,
-                                 generator=generator)
+                                 pad_to_multiple_of=pad_to_multiple_of, generator=generator)
 
     def set_word_embedding(self, new: nn.Module) -> nn.Module:
         """Use ``new`` (same shape) as the word embedding everywhere it is read, the tied heads

@@ -77,11 +77,13 @@ class FolnetDecoderLM(TextModel):
                 attention_mask: torch.Tensor | None = None, *,
                 document_ids: torch.Tensor | None = None,
                 output_relations: bool | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> TextOutput:
-        """input_ids (B, T) -> next-token logits (B, T, V). ``prefix_lengths`` (B,) makes row
-        b's first prefix_lengths[b] tokens see each other; ``labels`` (B, T) (usually the
-        input ids, -100 to ignore) gives ``.loss``, the next-token cross-entropy over the
-        target positions (after the prefix); ``attention_mask`` (B, T) marks real tokens.
+                output_attentions: bool = False, lm_head: bool = True) -> TextOutput:
+        """input_ids (B, T) -> next-token logits (B, T, V) (``lm_head=False``: the final
+        states only, no logits or loss -- what the base model of `folnet.hf` returns).
+        ``prefix_lengths`` (B,) makes row b's first prefix_lengths[b] tokens see each other;
+        ``labels`` (B, T) (usually the input ids, -100 to ignore) gives ``.loss``, the
+        next-token cross-entropy over the target positions (after the prefix);
+        ``attention_mask`` (B, T) marks real tokens.
         ``document_ids`` (B, T) packs several documents in a row, each piece seeing only
         itself and predicting only its own tokens (`folnet.arch.packed`; not with
         ``prefix_lengths``, nor left padding: pads come last, with an id of their own).
@@ -105,6 +107,8 @@ class FolnetDecoderLM(TextModel):
         relations = self.relations if output_relations is None else bool(output_relations)
         record = Record.asked(output_hidden_states, relations, output_attentions)
         u1, u2 = self._run(ids, domain, positions, rel, relations=relations, record=record)
+        if not lm_head:
+            return TextOutput(sequence_output=u1, relation_output=u2, **recorded(record))
         logits = self.lm(u1)  # (B, T, V)
         loss = None if labels is None else lm_loss(logits, labels, prefix, positions)
         return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss,

@@ -128,9 +128,10 @@ class FolnetEncoderDecoder(TextModel):
                 labels: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 decoder_attention_mask: torch.Tensor | None = None, *,
                 output_relations: bool | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> TextOutput:
+                output_attentions: bool = False, lm_head: bool = True) -> TextOutput:
         """input_ids (B, N), decoder_input_ids (B, M) -> logits (B, M, V) for the token after
-        each decoder position. ``labels`` (B, M) are the targets themselves (-100 ignored);
+        each decoder position (``lm_head=False``: the final states only, no logits or loss).
+        ``labels`` (B, M) are the targets themselves (-100 ignored);
         without decoder_input_ids they are shifted right behind ``decoder_start_token_id``.
         ``output_relations`` (the decoder's final binary stream), ``output_hidden_states``,
         ``output_attentions``: as the encoder's, for both stacks."""
@@ -153,7 +154,7 @@ class FolnetEncoderDecoder(TextModel):
         enc_record = Record.asked(output_hidden_states, True, output_attentions)
         enc = self.encode(ids, enc_pad, enc_record)
         out = self._decoded(enc, enc_pad, dec, dec_pad, labels, output_relations,
-                            output_hidden_states, output_attentions)
+                            output_hidden_states, output_attentions, lm_head=lm_head)
         for name, value in recorded(enc_record, "encoder_").items():
             setattr(out, name, value)
         return out
@@ -179,14 +180,15 @@ class FolnetEncoderDecoder(TextModel):
                              output_hidden_states, output_attentions)
 
     def _decoded(self, enc, enc_pad, dec, dec_pad, labels, output_relations,
-                 output_hidden_states, output_attentions) -> TextOutput:
+                 output_hidden_states, output_attentions, *, lm_head: bool = True
+                 ) -> TextOutput:
         relations = self.relations if output_relations is None else bool(output_relations)
         record = Record.asked(output_hidden_states, relations, output_attentions)
         pad = self._domain_pad(enc_pad, dec_pad, dec.shape[0], enc[0].shape[1], dec.shape[1],
                                dec.device)
         u1, u2 = self._decode(enc, dec, pad, relations=relations, record=record)
-        logits = self.lm(u1)  # (B, M, V)
-        loss = None if labels is None else seq2seq_loss(logits, labels)
+        logits = self.lm(u1) if lm_head else None  # (B, M, V)
+        loss = None if labels is None or logits is None else seq2seq_loss(logits, labels)
         return TextOutput(logits=logits, sequence_output=u1, relation_output=u2, loss=loss,
                           encoder_sequence_output=enc[0], encoder_relation_output=enc[1],
                           **recorded(record))

@@ -10,7 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from folnet.arch.config import ModelConfig
-from folnet.arch.heads import Targets
+from folnet.arch.head_table import Targets
 from folnet.arch.inputs import check_ids, check_mask, check_token_types, values_checked
 from folnet.arch.kinds import register_kind
 from folnet.arch.layer.atoms import relative_position_ids, token_positions

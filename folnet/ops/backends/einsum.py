@@ -29,15 +29,23 @@ class EinsumBackend(Backend):
 
     def run(self, op, kernel, premise, pad, *, order, dropout_p, premasked=frozenset()):
         spec = op.spec
-        v = premise.laid_out(spec.premise)
         K, kidx = activated_kernel(spec, kernel, pad, order=order, dropout_p=dropout_p,
                                    premasked="kernel" in premasked)
-        pkeep = masks.premise_keep(spec, spec.premise, order=order,
-                                   premasked="premise" in premasked)
-        if pkeep is not None:
-            v = v * pkeep
-        k, p, o = ("".join(t) for t in (kidx, spec.premise, spec.output))
-        equation = f"b{k},b{p}->b{o}"
-        if traced():
-            return torch.einsum(equation, K, v)  # symbolic shapes: no cache keyed by them
-        return _expression(equation, (tuple(K.shape), tuple(v.shape)))(K, v, backend="torch")
+        return contract(spec, K, kidx, premise, order=order, premasked=premasked)
+
+
+def contract(spec, K: torch.Tensor, kidx: tuple[str, ...], premise, *, order,
+             premasked=frozenset()) -> torch.Tensor:
+    """An activated kernel ``K`` (laid out as ``kidx``) contracted with the premise (the
+    spec's premise mask applied): the output laid out as the spec's. The einsum backend's
+    contraction, and `folnet.ops.compiler.CompiledOperator.run_recorded`'s."""
+    v = premise.laid_out(spec.premise)
+    pkeep = masks.premise_keep(spec, spec.premise, order=order,
+                               premasked="premise" in premasked)
+    if pkeep is not None:
+        v = v * pkeep
+    k, p, o = ("".join(t) for t in (kidx, spec.premise, spec.output))
+    equation = f"b{k},b{p}->b{o}"
+    if traced():
+        return torch.einsum(equation, K, v)  # symbolic shapes: no cache keyed by them
+    return _expression(equation, (tuple(K.shape), tuple(v.shape)))(K, v, backend="torch")

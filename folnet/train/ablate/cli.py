@@ -54,7 +54,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     # the one seed of the row (--rows) each runs
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed-of-row", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars: a plain "
+                   "line per logged step, evaluation and finished row instead")
     add_operators_flag(p)  # the plan's rows may use them; recorded with the plan
 
 
@@ -65,7 +66,8 @@ def _run(args: argparse.Namespace) -> int:
         die_with_parent(args.parent_pid)
     from folnet.errors import FolnetError, Interrupted
     from folnet.runtime import tune_cpu_allocator
-    from folnet.train.ablate.plan import load_plan
+    from folnet.train.ablate.operators import Declared, file_source, with_record
+    from folnet.train.ablate.plan import default_out, parse_plan_dict, read_plan
     from folnet.train.ablate.run import run_plan
     from folnet.train.engine.procs import sigterm_exits
 
@@ -79,18 +81,21 @@ def _run(args: argparse.Namespace) -> int:
         raise FolnetError(f"--jobs must be >= 1, got {args.jobs}")
     from folnet.ops.spec import spec_to_dict
 
-    declared = [spec_to_dict(s) for s in register_operator_file(args)]
+    data, source = read_plan(args.plan, args.settings)
+    out = args.out or str(default_out(data, source))
+    # --operators, then what a run into the same OUT recorded: a rerun needs no flag again
+    declared = with_record([Declared(spec_to_dict(s), file_source(args.operator_file))
+                            for s in register_operator_file(args)], out)
     overrides = {"preset": args.preset, "steps": args.steps, "seeds": args.seeds,
                  "operators": declared,
                  "data": args.data, "task_data": task_data,
                  "tasks": tuple(args.tasks.split(",")) if args.tasks else None}
     # every row validated before anything trains
-    plan = load_plan(args.plan, overrides, args.settings)
+    plan = parse_plan_dict(data, source=source, overrides=overrides)
     if args.seed_of_row is not None and not 0 <= args.seed_of_row < plan.seeds:
         raise FolnetError(f"--seed-of-row must be a seed of the plan, 0 .. {plan.seeds - 1}, "
                           f"got {args.seed_of_row}")
     tune_cpu_allocator()
-    out = args.out or f"runs/ablate-{plan.name}"
     try:
         with sigterm_exits():  # SIGTERM unwinds: seed locks released, seed processes stopped
             paths = run_plan(plan, out, jobs=args.jobs,

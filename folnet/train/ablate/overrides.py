@@ -31,7 +31,7 @@ __all__ = ["TABLES", "apply_settings", "parse_setting", "select_rows"]
 #: The plan's tables whose options ``--set TABLE.OPTION=VALUE`` reaches.
 TABLES = ("pretrain", "finetune", "compare")
 #: Top-level keys ``--set`` may not change: the plan's identity and its structure.
-FIXED = ("name", "rows", "operators", "set")
+FIXED = ("name", "rows", "operators", "operator_sources", "set")
 
 
 def parse_setting(text: str) -> tuple[tuple[str, ...], Any]:

@@ -43,9 +43,8 @@ from typing import Any
 
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
-from folnet.ops.registry import ensure_registered, is_builtin
-from folnet.ops.spec import parse_spec, spec_to_dict
 from folnet.read_files import bundled_or_path, parse_json
+from folnet.train.ablate.operators import Declared, plan_operators
 from folnet.train.ablate.overrides import apply_settings
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.finetune.config import FinetuneConfig
@@ -60,7 +59,7 @@ LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop", "CLM": "clm", "PREFIX": "prefix", 
 LOSS_KINDS = {"MLM.NSP": "encoder", "MLM.SOP": "encoder", "CLM": "decoder",
               "PREFIX": "decoder", "SPAN": "encoder-decoder"}
 PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "operators",
-             "pretrain", "finetune", "rows", "compare", "set")
+             "operator_sources", "pretrain", "finetune", "rows", "compare", "set")
 ROW_KEYS = ("name", "ops", "position", "D2", "loss", "paper")
 COMPARE_KEYS = ("scratch_steps", "sweep")
 #: [finetune] options the plan sets for every run, so neither [finetune] nor a sweep may
@@ -141,28 +140,11 @@ class AblationPlan:
     finetune: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     source: str = "<plan>"
     compare: Compare | None = None  # pretrained against scratch, over a sweep
-    # the plan's own operators ([[operators]] tables), which its rows' strings may use
+    # the operators its rows' strings may use -- its own [[operators]] tables, --operators
+    # FILE, those recorded in OUT/plan.json -- and where each was declared (the report's words)
     operators: tuple[dict[str, Any], ...] = ()
+    operator_sources: tuple[str, ...] = field(default=(), compare=False)
     settings: tuple[str, ...] = ()  # the command line's --set KEY=VALUE, as given
-
-
-def _operators(raw: Any, name: str) -> tuple[dict[str, Any], ...]:
-    """The plan's ``[[operators]]``: operator tables as in folnet/specs/operators.toml,
-    validated as `register_operator` validates and registered, so that the rows' operator
-    strings can use them (each row's pretraining records them in its run_config.json)."""
-    where = f"plan {name!r} [[operators]]"
-    if not isinstance(raw, (list, tuple)) or not all(isinstance(t, Mapping) for t in raw):
-        raise FolnetError(f"{where}: expected a list of operator tables ([[operators]]), got "
-                          f"{raw!r}")
-    try:
-        specs = [parse_spec(t) for t in raw]
-    except FolnetError as exc:
-        raise FolnetError(f"{where}: {exc}") from None
-    builtin = [s.symbol for s in specs if is_builtin(s.symbol)]
-    if builtin:
-        raise FolnetError(f"{where}: {builtin} are built-in symbols; give yours others")
-    ensure_registered(specs, source=where)
-    return tuple(spec_to_dict(s) for s in specs)
 
 
 def _row(raw: Any, index: int, plan_name: str, preset: str, num_layers: int) -> AblationRow:
@@ -232,7 +214,10 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
     if "operators" in pretrain:
         raise FolnetError(f"{source}: declare the plan's operators in [[operators]] tables, "
                           f"not in [pretrain]")
-    operators = _operators([*data.get("operators", []), *overrides.get("operators", [])], name)
+    extra = [d if isinstance(d, Declared) else Declared(d, "--operators")
+             for d in overrides.get("operators") or ()]
+    operators, sources = plan_operators(data.get("operators", []),
+                                        data.get("operator_sources", {}), extra, name)
     rows_raw = data.get("rows")
     if not rows_raw:
         raise FolnetError(f"{source}: the plan has no [[rows]]")
@@ -263,6 +248,7 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
                         description=str(data.get("description", "")),
                         pretrain=tuple(pretrain.items()), finetune=tuple(finetune.items()),
                         source=source, compare=compare, operators=operators,
+                        operator_sources=sources,
                         settings=tuple(str(x) for x in data.get("set", ())))
 
 
@@ -367,6 +353,8 @@ def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
            "pretrain": dict(plan.pretrain), "finetune": dict(plan.finetune), "rows": rows}
     if plan.operators:  # absent otherwise, as in plans written before it
         out["operators"] = [dict(spec) for spec in plan.operators]
+        out["operator_sources"] = {spec["symbol"]: source for spec, source
+                                   in zip(plan.operators, plan.operator_sources, strict=True)}
     if plan.settings:
         out["set"] = list(plan.settings)
     if plan.compare is not None:  # absent otherwise: plans written before it read the same
@@ -383,6 +371,17 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None,
     just NAME) or the ``plan.json`` an ablation run writes into its output directory, with the
     command line's ``--set KEY=VALUE`` ``settings`` applied first
     (`folnet.train.ablate.overrides`) and checked as the plan's own keys are."""
+    data, source = read_plan(path, settings)
+    return parse_plan_dict(data, source=source, overrides=overrides)
+
+
+def default_out(data: Mapping[str, Any], source: str) -> Path:
+    """Where a plan's run goes without ``--out``: ``runs/ablate-NAME``."""
+    return Path(f"runs/ablate-{data.get('name', Path(source).stem)}")
+
+
+def read_plan(path: str | Path, settings: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
+    """A plan's data, ``settings`` applied, not yet validated, and its source (`load_plan`)."""
     path = bundled_or_path(path, "ablations", what="ablation plan")
     if path.suffix == ".json":
         try:
@@ -393,4 +392,4 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None,
         data = read_toml(path)
     if settings:
         data = {**apply_settings(data, settings, PLAN_KEYS), "set": list(settings)}
-    return parse_plan_dict(data, source=str(path), overrides=overrides)
+    return data, str(path)

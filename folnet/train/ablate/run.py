@@ -128,12 +128,15 @@ def _read_row(path: Path, plan: AblationPlan) -> dict[str, Any]:
 
 
 def _check_out(plan: AblationPlan, out: Path) -> None:
-    """One plan per output directory: a different plan there is an error, not a mix."""
+    """One plan per output directory: a different plan there is an error, not a mix. Where
+    an operator was declared is not the plan (the same spec from another file is the same
+    run): the record keeps the first run's words for it, the report names this run's."""
     record = out / "plan.json"
     mine = json.loads(json.dumps(plan_to_dict(plan)))
     if record.is_file():
         theirs = json.loads(record.read_text())
-        if theirs != mine:
+        theirs.pop("operator_sources", None)
+        if theirs != {k: v for k, v in mine.items() if k != "operator_sources"}:
             changed = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise FolnetError(f"--out {str(out)!r} holds a run of a different plan (differs in "
                               f"{changed}); choose another --out or delete it")
@@ -162,7 +165,9 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
         for i, row in enumerate(rows, 1):
             print(f"== row {i}/{len(rows)}: {row.name}", flush=True)
             try:
-                run_row(plan, row, out, seeds=seeds, progress=progress)
+                if run_row(plan, row, out, seeds=seeds, progress=progress) is not None:
+                    print(f"== row {i}/{len(rows)} finished: {row.name} "
+                          f"({time.perf_counter() - started:.0f} s into the run)", flush=True)
             except RowBusy as busy:
                 outcome.busy.append(str(busy))
                 print(f"== {busy}; not started again", flush=True)
@@ -212,10 +217,10 @@ def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
     settings = (f"\n\nRun with `--set {' --set '.join(plan.settings)}`." if plan.settings
                 else "")
     declared = "".join(f"\n\nOperator `{o['symbol']}` ({o['name']}, {o['typing']}) is declared "
-                       f"by the plan ([[operators]]): kernel `{o['kernel']}`, premise "
+                       f"by {source}: kernel `{o['kernel']}`, premise "
                        f"`{o['premise']}`, output `{o['output']}`, batched over "
                        f"`{o['bdim']}`, reduced over `{o['rdim']}`, {o['activation']}."
-                       for o in plan.operators)
+                       for o, source in zip(plan.operators, plan.operator_sources, strict=True))
     header = (f"Plan `{plan.name}` ({plan.source}): {plan.description}{settings}{declared}\n\n"
               f"Pretraining: {dict(plan.pretrain)} on `{plan.data}`; tasks: "
               f"{', '.join(plan.tasks)}; {plan.seeds} seed(s) per row, each covering "

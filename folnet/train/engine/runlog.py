@@ -64,18 +64,25 @@ class TrainLogger:
     ``fields`` are the CSV columns; TensorBoard scalars are ``<tag>/<key>`` (keys that already
     hold a ``/``, such as ``eval/validation/accuracy``, are kept as they are); ``postfix``
     renders a step record for the bar, ``desc`` names it (default: the tag). ``start_step`` > 0
-    resumes: later records are dropped.
+    resumes: later records are dropped. ``lines`` (for a run without the bar, ``--no-progress``):
+    a plain line on stdout per logged record instead -- a training record as ``DESC step
+    N/TOTAL: POSTFIX``, an evaluation as each split's first metric -- so that a log file shows
+    the run is alive (no carriage returns).
     """
 
     def __init__(self, out: str | os.PathLike[str], *, fields: Sequence[str], tag: str,
                  total_steps: int, postfix: Callable[[Mapping[str, Any]], str] | None = None,
                  desc: str | None = None, enabled: bool = True, start_step: int = 0,
-                 tensorboard: bool = False, progress: bool = True) -> None:
+                 tensorboard: bool = False, progress: bool = True,
+                 lines: bool = False) -> None:
         self.enabled = enabled
         self.out = Path(out)
         self.fields = tuple(fields)
         self.tag = tag
         self.postfix = postfix
+        self.desc = desc or tag
+        self.total_steps = total_steps
+        self.lines = lines and not progress
         self._bar = None
         self._tb = None
         if not enabled:
@@ -131,6 +138,27 @@ class TrainLogger:
             self._tb.flush()
         if self._bar is not None and self.postfix is not None and "loss" in clean:
             self._bar.set_postfix_str(self.postfix(clean), refresh=False)
+        elif self.lines:
+            line = self._line(clean)
+            if line is not None:
+                print(line, flush=True)
+
+    def _line(self, record: Mapping[str, Any]) -> str | None:
+        """The plain progress line of a record (`lines`); None for one that is neither a
+        training step nor an evaluation."""
+        step = record.get("step")
+        if "loss" in record:
+            shown = (self.postfix(record) if self.postfix is not None
+                     else f"loss {record['loss']}")
+            return f"{self.desc} step {step}/{self.total_steps}: {shown}"
+        firsts: dict[str, str] = {}  # split -> its first metric, as the record orders them
+        for key, value in record.items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "eval" and isinstance(value, (int, float)):
+                firsts.setdefault(parts[1], f"{parts[1]} {parts[2]} {value:.4f}")
+        if not firsts:
+            return None
+        return f"{self.desc} step {step}: eval {', '.join(firsts.values())}"
 
     def advance(self, steps: int = 1) -> None:
         """Move the bar (its ETA comes from the step rate)."""

@@ -141,7 +141,8 @@ class FinetuneConfig(Options):
     precision: str = option("fp32", "fp32, bf16 or fp16 (autocast; fp16 with loss scaling)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     log_every: int = option(10, "log every N steps")
-    progress: bool = option(True, "show a progress bar")
+    progress: bool = option(True, "show a progress bar (off: a plain line per logged "
+                                  "step and evaluation)")
     tensorboard: bool = option(False, "also log to OUT/seed_N/tensorboard (needs the "
                                       "tensorboard package)")
 

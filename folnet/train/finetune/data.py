@@ -22,6 +22,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from folnet.arch.head_table import head_for_task
 from folnet.errors import FolnetError, choices
 from folnet.train.data.tokenizer import FolnetTokenizer
 from folnet.train.finetune.config import FinetuneConfig, Hyper
@@ -41,10 +42,12 @@ def resolve_task(name: str | TaskSpec) -> TaskSpec:
 
 
 def task_head(task: TaskSpec) -> tuple[str, int]:
-    """The model head and its output width for ``task``."""
-    if task.kind == "qa":
-        return "qa", 2
-    return "classification", task.num_labels
+    """The model head and its output width for ``task``: the registered head whose
+    ``task_kinds`` claim the task's kind (`folnet.arch.head_table.head_for_task`: the last
+    registered, so a head of yours takes a kind over from the built-in one), with 2 outputs
+    (start, end) for QA and one per label otherwise."""
+    head = head_for_task(task.kind)
+    return head, 2 if task.kind == "qa" else task.num_labels
 
 
 def headline_split(task: TaskSpec, splits: list[str]) -> str:

@@ -60,10 +60,11 @@ def finetune_logger(out: Any, *, total_steps: int, tensorboard: bool, progress: 
                     desc: str = "finetune") -> TrainLogger:
     """The logger of one finetuning run: `TrainLogger` with finetuning's columns, always a
     fresh log (finetuning never resumes mid-run). Evaluation records (``eval/<split>/<metric>``
-    keys, no loss) go to the JSONL and TensorBoard only."""
+    keys, no loss) go to the JSONL and TensorBoard only. Without the bar, a line per logged
+    step and per evaluation (`TrainLogger`'s ``lines``)."""
     return TrainLogger(out, fields=LOG_FIELDS, tag="finetune", total_steps=total_steps,
                        postfix=log_postfix, desc=desc, tensorboard=tensorboard,
-                       progress=progress)
+                       progress=progress, lines=not progress)
 
 
 #: finetuning's name for `folnet.train.data.padding.trim_padding` (the pretraining loop's too)

@@ -19,14 +19,13 @@ from folnet.arch import (
     read_metadata,
     resolve_model_dir,
 )
+from folnet.arch.head_table import HEADS, task_heads
 from folnet.checksums import write_manifest
 from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import FolnetTokenizer, load_tokenizer
 
 __all__ = ["build_task_model", "check_vocabulary", "load_finetuned", "resolve_checkpoint",
            "save_finetuned", "task_tokenizer"]
-
-TASK_HEADS = ("classification", "multiple-choice", "qa", "token-classification")
 
 
 def resolve_checkpoint(path: str | Path | None, option: str = "--from") -> Path:
@@ -71,8 +70,10 @@ def build_task_model(checkpoint: Path, head: str, num_labels: int = 2,
 
     Draws the head's initialisation from torch's global generator: seed it first.
     """
-    if head not in TASK_HEADS:
-        raise FolnetError(f"head {head!r} is not a task head: expected one of {TASK_HEADS}")
+    if head not in task_heads():  # the table says: `folnet.arch.head_table.Head.task_head`
+        raise FolnetError(f"head {head!r} is not a task head: expected one of {task_heads()}"
+                          + ("" if head in HEADS else " (or register yours with "
+                             "folnet.arch.register_head, task_head = True)"))
     kind = read_metadata(checkpoint).get("kind", "encoder")
     if kind != "encoder":
         raise FolnetError(f"{checkpoint}: a {kind!r} checkpoint cannot be finetuned here; the "
@@ -103,8 +104,12 @@ def load_finetuned(path: str | Path, tokenizer: str | Path | None = None,
     """A finetuned model (``OUT/model`` or the directory itself), its tokenizer and metadata."""
     directory = resolve_checkpoint(path, option)
     meta = read_metadata(directory)
-    generated = meta.get("head") == "lm" and meta.get("task") is not None  # finetune.generation
-    if meta.get("head") not in TASK_HEADS and not generated:
+    head = meta.get("head")
+    generated = head == "lm" and meta.get("task") is not None  # finetune.generation
+    if head is not None and head not in HEADS:
+        raise FolnetError(f"{option} {str(path)!r} holds a model with head {head!r}, which is "
+                          f"not registered: register it (folnet.arch.register_head) first")
+    if head not in task_heads() and not generated:
         raise FolnetError(f"{option} {str(path)!r} holds a {meta.get('head')!r} model, not a "
                           f"finetuned one; finetune it first with folnet finetune")
     tok = task_tokenizer(directory, tokenizer)

@@ -194,7 +194,8 @@ class PretrainConfig(Options):
     num_workers: int = option(0, "DataLoader worker processes")
     fsdp: bool = option(False, "shard parameters with FSDP instead of DDP")
     tensorboard: bool = option(False, "also log to OUT/tensorboard (needs the tensorboard package)")
-    progress: bool = option(True, "show a progress bar")
+    progress: bool = option(True, "show a progress bar (off: a plain line per logged "
+                                  "step and evaluation)")
 
     def __post_init__(self) -> None:
         self.check_types()

@@ -210,7 +210,7 @@ def _open_log(config: PretrainConfig, ctx: DistContext, start: RunStart, fit: Fi
                          total_steps=config.steps,
                          postfix=bar_postfix(config.objective), enabled=ctx.is_main,
                          start_step=step, tensorboard=config.tensorboard,
-                         progress=config.progress)
+                         progress=config.progress, lines=not config.progress)
     if start.resume is not None:
         logger.message(f"resumed from {ckpt.describe(start.resume)}")
     for note in start.notes:
