@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
+.PHONY: test test-cluster test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
 	kinship-fixture docs conformance
 
 setup: $(VENV)/.installed
@@ -40,13 +40,20 @@ $(VENV)/.installed: pyproject.toml
 # its log then says where the time went.
 test: setup
 	$(DOCS_BUILD) --strict
-	$(PYTEST) --durations=15
+	$(PYTEST) --durations=15 -m "not cluster"
 	$(MAKE) --no-print-directory test-numerics
+
+# Across test hosts and a local SLURM (tests marked cluster): two network namespaces with a
+# veth pair for torchrun across hosts (tests/train/test_multinode.py, about 3 minutes), a
+# one-node SLURM started by the tests. Needs root for ip netns; one process (the hosts and
+# the SLURM are one machine's).
+test-cluster: setup
+	$(PY) -m pytest -q -m cluster --durations=10
 
 # The numerical tests under the other kernel set (those also marked slow -- torchrun, export,
 # the bf16 curve, inductor -- are left to `make tolerances`, which measures every bound on both).
 test-numerics: setup
-	$(OTHER_KERNELS) $(PYTEST) -m "numerics and not slow"
+	$(OTHER_KERNELS) $(PYTEST) -m "numerics and not slow and not cluster"
 
 # The inner loop: everything but the tests marked slow (under 3 minutes on 2 cores).
 test-fast: setup

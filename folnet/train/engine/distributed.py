@@ -2,7 +2,9 @@
 
 One command serves one process, one machine or many: ``torchrun`` sets RANK, WORLD_SIZE and
 LOCAL_RANK (plus MASTER_ADDR/PORT), `init_distributed` reads them and joins the process group
-(NCCL on CUDA, gloo on CPU); without them the same code runs as a single process.
+(NCCL on CUDA, gloo on CPU); without them the same code runs as a single process. Across
+machines, `folnet.train.engine.peers` picks gloo's interface and ends a rank that cannot reach
+its peers in one line.
 
 Why the whole global micro-batch is materialised on every rank: the MLM collator draws one set
 of random numbers per batch from its own generator, so the masks of a row depend on the batch
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from folnet.errors import FolnetError
+from folnet.train.engine.peers import advertise_route_to_master, connect_timeout, connecting
 
 __all__ = [
     "DistContext",
@@ -118,9 +121,14 @@ def init_distributed(device: str = "auto") -> DistContext:
     if not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank,
-                                world_size=world)
-        owns = True
+        if backend == "gloo":
+            advertise_route_to_master(os.environ.get("MASTER_ADDR"))
+        with connecting(rank, connect_timeout()):  # one line, not a hang, if no peer answers
+            dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                                    world_size=world)
+            owns = True
+            # every pair connected (NCCL connects at the first collective, on this GPU)
+            dist.barrier(device_ids=[dev.index] if dev.type == "cuda" else None)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                        backend=backend, owns_group=owns)
 

@@ -62,6 +62,7 @@ from folnet.train.engine.lock import RunLock
 from folnet.train.engine.memory import allocation_failure
 from folnet.train.engine.optim import step_unless
 from folnet.train.engine.outdir import FreshStart, check_out
+from folnet.train.engine.peers import lost_peer
 from folnet.train.engine.state import publish_final, save_training_checkpoint, write_model_fn
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.pretrain.heldout import measure_heldout
@@ -95,6 +96,10 @@ def pretrain(config: PretrainConfig) -> Path:
             final = _train(config, ctx, lock, start)
         finished = True
         return final
+    except RuntimeError as exc:  # a peer died: one line, not the collective's traceback
+        if ctx.is_distributed and (lost := lost_peer(exc, ctx.rank)) is not None:
+            raise lost from None
+        raise
     finally:
         lock.release()
         deterministic_algorithms(*deterministic)  # leave the caller's setting be
