@@ -15,12 +15,13 @@ batch: weights, gradients and two optimiser moments, and the process itself (tor
 tokenised corpus). On a CPU the factor covers glibc's heap as `folnet.runtime` tunes it
 (freed blocks are kept for reuse, so the heap ends above the live peak).
 
-The budget (``--memory-budget``) defaults on a CPU to 80% of the memory the machine has
+The budget (``--memory-budget``) defaults on a CPU to what the model needs -- the peak of a
+step of 8 sequences, at least 3 GiB -- within 80% of the memory the machine has
 available, shared by the processes of one run (torchrun's local ones, the parallel rows of
 ``folnet ablate --jobs N``); on a GPU, 90% of the device's free memory. ``off`` keeps the batch
-as asked. Why not a fixed laptop-sized budget (it was 3 GiB): the defaults then stopped on a
-machine with 22 GiB free ("a step of 1 sequence needs about 4.4 GiB"); a budget that follows
-the machine runs wherever the step fits and splits it where it does not.
+as asked. Why neither a fixed budget nor the machine's: a fixed one stops a model whose one
+sequence needs more, and one that follows the machine lets a tiny model's first run take
+half of a large machine (the tiny preset's defaults held 10 GB resident on a 24 GB one).
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ import torch
 
 from folnet.errors import FolnetError
 
-__all__ = ["CPU_HEAP_FACTOR", "DEFAULT_CPU_BUDGET", "SHARE_ENV", "Fit", "StepMemory",
-           "allocation_failure", "available_bytes", "fit_batch", "format_bytes", "parse_budget",
-           "process_bytes", "resolve_budget", "sharing_processes"]
+__all__ = ["CPU_HEAP_FACTOR", "CPU_NEED_ROWS", "DEFAULT_CPU_BUDGET", "SHARE_ENV", "Fit",
+           "StepMemory", "allocation_failure", "available_bytes", "fit_batch", "format_bytes",
+           "parse_budget", "process_bytes", "resolve_budget", "sharing_processes"]
 
 GiB = 1 << 30
-#: A CPU run's step budget where the available memory cannot be read (else 80% of it: the
-#: defaults run wherever they fit, and a batch that does not is split into micro-batches).
+#: A CPU run's 'auto' step budget: what a step of `CPU_NEED_ROWS` sequences needs, at least
+#: `DEFAULT_CPU_BUDGET`, at most 80% of the memory available (the budget where that cannot
+#: be read). What a model needs sets it, not the machine's size.
 DEFAULT_CPU_BUDGET = 3 * GiB
+CPU_NEED_ROWS = 8
 #: Resident peak over saved-for-backward bytes, per sequence (measured, README "Memory").
 CPU_HEAP_FACTOR = 1.0
 CUDA_FACTOR = 1.0
@@ -120,8 +123,12 @@ def available_bytes(device: torch.device) -> int | None:
     return room
 
 
-def resolve_budget(text: str | None, device: torch.device) -> tuple[int | None, str]:
-    """The step's budget in bytes (None: no limit) and where it comes from, for the log."""
+def resolve_budget(text: str | None, device: torch.device, *,
+                   memory: StepMemory | None = None) -> tuple[int | None, str]:
+    """The step's budget in bytes (None: no limit) and where it comes from, for the log.
+    ``memory``: the step's estimate; on a CPU, 'auto' is at most its peak with micro-batches
+    of `CPU_NEED_ROWS` sequences (and never under `DEFAULT_CPU_BUDGET`), so that a small
+    model's run stays small on a large machine."""
     asked = parse_budget(text)
     if asked is None:
         return None, "--memory-budget off"
@@ -134,7 +141,12 @@ def resolve_budget(text: str | None, device: torch.device) -> tuple[int | None, 
         return int(0.9 * (room or 0)), "90% of the GPU's free memory"
     if room is None:
         return DEFAULT_CPU_BUDGET, "the default CPU budget (the available memory is unknown)"
-    return int(0.8 * room / share), f"80% of the {format_bytes(room)} available{each}"
+    machine = int(0.8 * room / share)
+    need = max(DEFAULT_CPU_BUDGET, memory.peak(CPU_NEED_ROWS) if memory else 0)
+    if need < machine:
+        return need, (f"the default CPU budget for this model (a step of {CPU_NEED_ROWS} "
+                      f"sequences, at least {format_bytes(DEFAULT_CPU_BUDGET)})")
+    return machine, f"80% of the {format_bytes(room)} available{each}"
 
 
 #: Set by a parent that starts several training processes on this machine at once (`folnet

@@ -47,8 +47,8 @@ def fit_pretraining_batch(config: PretrainConfig, vocab_size: int, device: torch
                           world_size: int) -> tuple[PretrainConfig, Fit]:
     """``config`` with the fewest micro-batches (``grad_accum``, never fewer than asked) whose
     step fits ``--memory-budget``, and the `Fit` (its ``message`` says what was split)."""
-    budget, source = resolve_budget(config.memory_budget, device)
     memory = pretraining_step_memory(config, vocab_size, device)
+    budget, source = resolve_budget(config.memory_budget, device, memory=memory)
     fit = fit_batch(config.batch_size, config.grad_accum, world_size, memory, budget, source,
                     seq_len=config.seq_len)
     return config.replace(grad_accum=fit.grad_accum), fit
