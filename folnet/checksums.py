@@ -57,8 +57,8 @@ from folnet.atomic_write import atomic_write_json, is_leftover, warn
 from folnet.errors import FolnetError
 from folnet.read_files import read_json
 
-__all__ = ["MANIFEST", "MODEL_FILES", "TOKENIZER_FILES", "file_sha256", "model_files",
-           "read_manifest", "strict_checksums", "verify_files", "verify_model_dir",
+__all__ = ["MANIFEST", "MANIFEST_PROMISE", "MODEL_FILES", "TOKENIZER_FILES", "file_sha256",
+           "model_files", "read_manifest", "strict_checksums", "verify_files", "verify_model_dir",
            "write_manifest", "write_model_manifest"]
 
 #: The files of a model directory that `write_model_manifest` records when present: what the
@@ -81,6 +81,8 @@ _DIGESTS: dict[tuple[object, ...], str] = {}
 _WARNED: set[str] = set()  # files and directories already warned about (`_warn_once`)
 
 MANIFEST = "checksums.json"
+#: The config.json key by which a model directory says folnet wrote its manifest.
+MANIFEST_PROMISE = "manifest"
 FORMAT = "folnet-checksums"
 _CHUNK = 1 << 20
 
@@ -309,6 +311,12 @@ def verify_model_dir(directory: str | os.PathLike[str]) -> None:
     if read_manifest(directory) is not None:
         verify_files(directory)
         return
+    if _promised_manifest(directory):
+        raise FolnetError(f"{str(directory)!r} has lost its {MANIFEST}: its config.json says "
+                          f"folnet wrote one ({MANIFEST_PROMISE!r}), so its files can no longer "
+                          f"be checked and it is refused (a copy that left the file out, or a "
+                          f"stray delete); restore {MANIFEST}, or record the files as they are "
+                          f"now with folnet.checksums.write_model_manifest")
     if _strict():
         raise FolnetError(f"{str(directory)!r} has no {MANIFEST}, so its files cannot be "
                           f"checked, and checksums are strict (--strict-checksums or "
@@ -317,6 +325,19 @@ def verify_model_dir(directory: str | os.PathLike[str]) -> None:
     _warn_once(directory, f"{directory} has no {MANIFEST} (written before folnet recorded "
                           f"checksums, or copied without it): its weights and tokenizer are "
                           f"loaded UNCHECKED; --strict-checksums refuses such directories")
+
+
+def _promised_manifest(directory: Path) -> bool:
+    """Whether ``directory``'s config.json says folnet wrote a manifest with it (every model
+    directory `folnet.arch.io.model_dir.save_pretrained` writes does; older ones do not)."""
+    path = directory / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        config = read_json(path, what="model config")
+    except FolnetError:
+        return False  # the loader reports a broken config itself
+    return isinstance(config, dict) and config.get(MANIFEST_PROMISE) == MANIFEST
 
 
 def _warn_once(where: Path, text: str) -> None:

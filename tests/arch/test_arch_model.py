@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from models import tiny_model
+from older_dirs import as_written_before_checksums
 from tolerances import assert_close
 
 import folnet
@@ -233,7 +234,7 @@ def test_corrupt_checkpoints_are_errors(tmp_path):
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(folnet.FolnetError, match=r"model\.safetensors.*checksums\.json"):
         folnet.from_pretrained(tmp_path / "c")  # the manifest sees it first
-    (tmp_path / "c" / "checksums.json").unlink()  # without one, the reader still refuses it
+    as_written_before_checksums(tmp_path / "c")  # without one, the reader still refuses it
     with pytest.raises(folnet.FolnetError, match="corrupt or truncated weights"):
         folnet.from_pretrained(tmp_path / "c")
     with pytest.raises(folnet.FolnetError, match=r"checkpoint '.*missing' does not exist"):

@@ -36,6 +36,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="the [hf] extra is not installed")
 accelerate = pytest.importorskip("accelerate", reason="the [hf] extra is not installed")
 
+
+from older_dirs import as_written_before_checksums  # noqa: E402
+
 import folnet.hf  # noqa: E402  (registers the Auto classes)
 from folnet.hf import FolnetForPreTraining  # noqa: E402
 
@@ -116,7 +119,7 @@ def test_a_directory_written_with_the_old_metadata_still_loads(tmp_path, capsys)
     directory = native.save_pretrained(tmp_path / "old")
     weights = directory / "model.safetensors"
     save_file(load_file(str(weights)), str(weights), metadata={"format": "folnet"})
-    (directory / "checksums.json").unlink()  # folnet wrote none with that metadata
+    as_written_before_checksums(directory)  # folnet wrote none with that metadata
     assert _metadata(directory) == {"format": "folnet"}
     ids, mask = _ids(100, seed=1)
     with torch.no_grad():
@@ -311,7 +314,7 @@ def test_the_edits_are_only_visible_to_the_checksums(saved_dirs, source, tmp_pat
     for name in sorted(p.name for p in saved.iterdir() if p.name != MANIFEST):
         copy = _copy(saved, tmp_path / name)
         edit_one_byte(copy / name)
-        (copy / MANIFEST).unlink()
+        as_written_before_checksums(copy)
         folnet.from_pretrained(copy)
         load_tokenizer(copy)
         assert "has no checksums.json" in capsys.readouterr().err

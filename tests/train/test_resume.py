@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from older_dirs import as_written_before_checksums
 from runs import kill_at_first_checkpoint
 from safetensors.torch import load_file
 
@@ -248,7 +249,7 @@ def test_a_checkpoint_from_before_checksums_still_resumes(tmp_path, finished_run
         state = ckpt.load_trainer_state(path)
         assert state.pop(ckpt.MANIFEST_KEY) == "checksums.json"
         torch.save(state, path / ckpt.TRAINER_FILE)
-        lose_manifest(path, flip=False)
+        as_written_before_checksums(path)
         ckpt.check_intact(path)
     capsys.readouterr()
     assert main(run_args(out, kin_tokenizer, 9, "--resume")) == 0

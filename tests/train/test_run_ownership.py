@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from older_dirs import as_written_before_checksums
 
 import folnet
 import folnet.train.finetune.cli
@@ -219,7 +220,7 @@ def test_a_directory_without_checksums_warns_once_or_is_refused_when_strict(
         tmp_path, capsys, finished, monkeypatch):
     final = tmp_path / "final"
     shutil.copytree(finished / "final", final)
-    (final / "checksums.json").unlink()
+    as_written_before_checksums(final)
     capsys.readouterr()
     folnet.from_pretrained(final)
     folnet.from_pretrained(final)
@@ -267,3 +268,23 @@ def test_ctrl_c_before_the_first_step_leaves_nothing(tmp_path, capsys, monkeypat
     line = one_line(capsys, pretrain_args(out), code=130)
     assert line == "folnet pretrain: interrupted"
     assert not out.exists()
+
+
+def test_a_folnet_directory_that_lost_its_manifest_is_refused(tmp_path, capsys, finished):
+    """The hostile case: final/'s checksums.json deleted and a weight byte flipped loaded
+    without a word. Its config.json says folnet wrote a manifest, so the directory is refused
+    by every loader, the flip never read; one written before manifests still loads."""
+    final = tmp_path / "final"
+    shutil.copytree(finished / "final", final)
+    (final / "checksums.json").unlink()
+    weights = final / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(FolnetError, match=r"has lost its checksums\.json: its config\.json "
+                                          r"says folnet wrote one"):
+        folnet.from_pretrained(final)
+    line = one_line(capsys, ["finetune", "--from", str(final), "--out", str(tmp_path / "ft"),
+                             *FINETUNE])
+    assert "has lost its checksums.json" in line and "write_model_manifest" in line
+    assert not (tmp_path / "ft").exists()

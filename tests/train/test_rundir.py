@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from older_dirs import as_written_before_checksums
 
 import folnet
 import folnet.train.finetune.cli  # registers finetune and evaluate
@@ -308,8 +309,8 @@ def test_flipped_tensor_bytes_are_detected_on_load(tmp_path, finished):
         assert str(weights) in str(caught.value)
     with pytest.raises(FolnetError, match=str(out / "final" / "model.safetensors")):
         folnet.from_pretrained(out)  # a run directory: its final/
-    # Without a manifest (a checkpoint written before checksums) the weights load as before.
-    (out / "final" / "checksums.json").unlink()
+    # Without a manifest (a directory written before checksums) the weights load as before.
+    as_written_before_checksums(out / "final")
     folnet.from_pretrained(out / "final")
 
 
@@ -465,7 +466,7 @@ def test_a_planted_trainer_state_is_skipped_and_never_unpickled(tmp_path, finish
     code, output, err = run(args(out, 6, "--resume"), capsys)
     assert code == 0, err
     assert "skipped checkpoint step_6" in output and "trainer.pt" in output
-    (out / "checkpoints" / "step_6" / "checksums.json").unlink()  # as if written before them
+    as_written_before_checksums(out / "checkpoints" / "step_6")
     torch.save({"format": "folnet-trainer", "x": _Planted(marker)},
                out / "checkpoints" / "step_6" / "trainer.pt")
     code, _, err = run(args(out, 6, "--resume"), capsys)

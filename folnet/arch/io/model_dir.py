@@ -16,7 +16,7 @@ from folnet.arch.config import NUM_LABELS_LIMIT, ModelConfig, check_num_labels
 from folnet.arch.head_table import hf_class
 from folnet.arch.sizes import check_shapes, implied_shapes, weight_shapes
 from folnet.atomic_write import atomic_write, atomic_write_json
-from folnet.checksums import verify_model_dir, write_model_manifest
+from folnet.checksums import MANIFEST, MANIFEST_PROMISE, verify_model_dir, write_model_manifest
 from folnet.errors import FolnetError
 from folnet.ops.registry import ensure_registered
 from folnet.ops.spec import parse_spec
@@ -62,7 +62,9 @@ def save_pretrained(model: Any, directory: str | Path,
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     atomic_write(directory / "model.safetensors",
                  lambda p: save_file(state, str(p), metadata=WEIGHTS_METADATA))
-    atomic_write_json(directory / "config.json", {**model_metadata(model), **(extra or {})})
+    # the config says a manifest comes with it: a directory that loses it is refused
+    atomic_write_json(directory / "config.json", {**model_metadata(model), **(extra or {}),
+                                                  MANIFEST_PROMISE: MANIFEST})
     write_model_manifest(directory)  # loading checks these files instead of warning
     return directory
 
