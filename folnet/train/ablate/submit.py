@@ -14,7 +14,8 @@ on preemption or timeout SLURM signals the task, submitit requeues the same unit
 resumes from the unit's checkpoints (a pretraining from its latest step, a finished finetuning
 read back). A task requeued from outside (``scontrol requeue``) restarts the same way. The
 parent polls ``squeue`` (sacct needs a slurmdbd, which a small cluster may lack) until no task
-of its array is left, then names the units that have no result.json. Rerun, it submits only
+of its array is left, then names the units that have no result.json. submitit's own files
+(pickles, batch files, each task's log) go to ``OUT.submitit/`` beside OUT. Rerun, it submits only
 those. Ctrl-C cancels the array it submitted (``scancel``) and exits 130.
 """
 
@@ -41,7 +42,7 @@ from folnet.train.ablate.rows import (
 )
 from folnet.train.engine.memory import SHARE_ENV
 
-__all__ = ["UnitTask", "load_submitit", "run_submitted"]
+__all__ = ["UnitTask", "load_submitit", "run_submitted", "submitit_folder"]
 
 POLL_SECONDS = 2.0
 STOP_GRACE_SECONDS = 10.0
@@ -60,6 +61,12 @@ def load_submitit() -> Any:
         raise FolnetError("--executor slurm and --executor local need submitit (>= 1.5): "
                           "pip install 'folnet[cluster]'") from None
     return submitit
+
+
+def submitit_folder(out: Path) -> Path:
+    """Where submitit keeps its pickles, batch files and task logs: beside OUT, not in it
+    (submitit links its batch files, and a run refuses links inside its --out)."""
+    return out.parent / f"{out.name}.submitit"
 
 
 def _label(row: AblationRow, seed: int) -> str:
@@ -173,7 +180,7 @@ def _cancelled(what: str, out: Path) -> Interrupted:
 def _run_slurm(units: Sequence[Unit], out: Path, resources: ClusterResources) -> list[str]:
     """Submit ``units`` as one job array and wait for it; the units that did not finish."""
     submitit = load_submitit()
-    executor = submitit.SlurmExecutor(folder=out / "submitit" / "%j")
+    executor = submitit.SlurmExecutor(folder=submitit_folder(out))
     try:
         executor.update_parameters(job_name=f"folnet-ablate-{out.name}",
                                    **resources.slurm_parameters())
@@ -201,7 +208,7 @@ def _run_local(units: Sequence[Unit], out: Path, resources: ClusterResources) ->
     """Run ``units`` as jobs of submitit's LocalExecutor, ``max_parallel`` at a time (default:
     this machine's cores over ``cpus_per_task``); the units that did not finish."""
     submitit = load_submitit()
-    executor = submitit.LocalExecutor(folder=out / "submitit" / "%j")
+    executor = submitit.LocalExecutor(folder=submitit_folder(out))
     executor.update_parameters(timeout_min=resources.time)
     parallel = resources.max_parallel or max(1, (os.cpu_count() or 1) // resources.cpus_per_task)
     threads = max(1, min(resources.cpus_per_task, (os.cpu_count() or 1) // parallel))
