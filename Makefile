@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
+.PHONY: test test-cluster test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
 	kinship-fixture docs conformance
 
 setup: $(VENV)/.installed
@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml
 # its log then says where the time went.
 test: setup
 	$(DOCS_BUILD) --strict
-	$(PYTEST) --durations=15
+	$(PYTEST) --durations=15 -m "not cluster"
 	$(MAKE) --no-print-directory test-numerics
 
 # The numerical tests under the other kernel set (those also marked slow -- torchrun, export,
@@ -51,6 +51,16 @@ test-numerics: setup
 # The inner loop: everything but the tests marked slow (under 3 minutes on 2 cores).
 test-fast: setup
 	$(PYTEST) -m "not slow"
+
+# `folnet ablate --executor slurm|local` on a real one-node SLURM that the tests start in a
+# temporary folder (tests/slurm_cluster.py; slurm-wlm and munge installed with apt-get when
+# slurmctld is absent, which needs root), with submitit (the cluster extra). About 5 minutes
+# on 2 cores; make test leaves these tests (marked cluster) out.
+test-cluster: setup
+	$(PY) -c "import submitit" 2>/dev/null \
+		|| $(PY) -m uv pip install -q --python $(PY) -e '.[train,hf,dev,cluster]' \
+		|| $(PY) -m pip install -q -e '.[train,hf,dev,cluster]'
+	$(PY) -m pytest -q -m cluster -s tests/train/test_ablate_slurm.py
 
 # The suite but the slow tests, and the installed wheel's test, on another torch in its own
 # environment: `make test-torch TORCH=2.11.0` (the floor pyproject.toml declares; README "Which
