@@ -3,9 +3,10 @@
 
 On SLURM: one job array, a task per row x seed (squeue and the job-completion records printed
 and asserted); one task requeued while it pretrains (``scontrol requeue``) resumes from its own
-checkpoint and finishes; the report equals that of ``--executor processes --jobs 1`` of the
+checkpoint and finishes, and another preempted (SIGUSR2, answered by submitit's checkpointing
+protocol) does too; the report equals that of ``--executor processes --jobs 1`` of the
 same plan (rows and seeds exactly, every metric and loss within 1e-6); a rerun submits nothing,
-and after one seed's result is deleted, a one-task array for that seed alone; Ctrl-C cancels
+and after one seed's result is deleted, a one-task submission for that seed alone; Ctrl-C cancels
 the array and exits 130. (sacct needs a slurmdbd, which this cluster has not: the completion
 records of jobcomp/filetxt stand in for it.)
 
@@ -132,31 +133,41 @@ def _same_report(mine: Path, theirs: Path) -> list[str]:
     return lines
 
 
-def _requeue_when_checkpointed(cluster: SlurmCluster, out: Path, proc: subprocess.Popen
-                               ) -> str:
-    """Requeue the task of seed 0 once its pretraining has a checkpoint; its task id."""
-    checkpoints = out / "rows" / "first" / "seed_0" / "pretrain" / "checkpoints"
+def _checkpointed(out: Path, seed: int) -> bool:
+    checkpoints = out / "rows" / "first" / f"seed_{seed}" / "pretrain" / "checkpoints"
+    return checkpoints.is_dir() and any(p.name.startswith("step_")
+                                        for p in checkpoints.iterdir())
+
+
+def _interrupt_when_checkpointed(cluster: SlurmCluster, out: Path, proc: subprocess.Popen
+                                 ) -> list[str]:
+    """Once both seeds' pretrainings have a checkpoint: requeue seed 0's task from outside
+    (``scontrol requeue``) and preempt seed 1's (SIGUSR2, SLURM's warning signal, which
+    submitit answers with `UnitTask.checkpoint` and a requeue); the two task ids."""
     deadline = time.monotonic() + 300
-    while not (checkpoints.is_dir() and any(p.name.startswith("step_")
-                                            for p in checkpoints.iterdir())):
+    while not (_checkpointed(out, 0) and _checkpointed(out, 1)):
         assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "seed 0 wrote no checkpoint"
+        assert time.monotonic() < deadline, "the seeds wrote no checkpoint"
         time.sleep(0.2)
     lines = cluster.run("squeue", "-h", "-r", "-o", "%i %T %j").split("\n")
     print("squeue while running:", *lines, sep="\n  ")
     tasks = {line.split()[0]: line.split()[1] for line in lines if line.strip()}
     assert len(tasks) == 2 and all("_" in t for t in tasks), tasks  # one array, 2 tasks
-    task = sorted(tasks)[0]
-    assert tasks[task] == "RUNNING", tasks
-    assert not (out / "rows" / "first" / "seed_0" / "pretrain" / "final").exists()
-    cluster.run("scontrol", "requeue", task)
-    # SLURM holds a requeued batch job back two minutes (its BeginTime); release it now
-    deadline = time.monotonic() + 60
-    while "PENDING" not in cluster.run("squeue", "-h", "-j", task, "-o", "%T", check=False):
-        assert time.monotonic() < deadline, cluster.logs()
-        time.sleep(0.5)
-    cluster.run("scontrol", "update", f"JobId={task}", "StartTime=now")
-    return task
+    assert set(tasks.values()) == {"RUNNING"}, tasks
+    for seed in (0, 1):
+        assert not (out / "rows" / "first" / f"seed_{seed}" / "pretrain" / "final").exists()
+    first, second = sorted(tasks)
+    cluster.run("scontrol", "requeue", first)
+    cluster.run("scancel", "--signal=USR2", second)
+    # SLURM holds a requeued batch job back two minutes (its BeginTime); release them now
+    deadline = time.monotonic() + 120
+    for task in (first, second):
+        while "PENDING" not in cluster.run("squeue", "-h", "-j", task, "-o", "%T",
+                                           check=False):
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.5)
+        cluster.run("scontrol", "update", f"JobId={task}", "StartTime=now")
+    return [first, second]
 
 
 def test_slurm_array_requeue_resume_report_rerun(cluster, tmp_path):
@@ -166,7 +177,7 @@ def test_slurm_array_requeue_resume_report_rerun(cluster, tmp_path):
     proc = _ablate(cluster, plan, out, "--executor", "slurm", "--time", "20",
                    "--cpus-per-task", "1", "--mem-gb", "2", "--partition", "debug",
                    "--max-parallel", "2")
-    task = _requeue_when_checkpointed(cluster, out, proc)
+    tasks = _interrupt_when_checkpointed(cluster, out, proc)
     text = _finish(proc)
     job = _array_of(text)
     assert f"submitted row 'first' seed 0 as array task {job}_0" in text
@@ -179,12 +190,18 @@ def test_slurm_array_requeue_resume_report_rerun(cluster, tmp_path):
             for r in records], sep="\n  ")
     states = [(r.split("ArrayTaskId=")[1].split()[0], r.split("JobState=")[1].split()[0])
               for r in records]
-    # the requeued task's first run ends as requeued (PENDING again), then both complete
-    assert sorted(states) == sorted([(task.split("_")[1], "PENDING"), ("0", "COMPLETED"),
-                                     ("1", "COMPLETED")]), states
+    # each task's first run ends requeued (PENDING again), its second completes
+    assert sorted(states) == [("0", "COMPLETED"), ("0", "PENDING"), ("1", "COMPLETED"),
+                              ("1", "PENDING")], states
+    assert [t.split("_")[1] for t in tasks] == ["0", "1"]
     log = (out / "first.log").read_text()
-    assert "row 'first' seed 0 started again" in log
-    assert "resumed from" in log and "seed_0/pretrain/checkpoints/step_" in log
+    for seed in (0, 1):  # both restarted the same unit, which resumed from its checkpoint
+        assert f"row 'first' seed {seed} started again" in log
+        assert f"seed_{seed}/pretrain/checkpoints/step_" in log
+    assert log.count("resumed from") == 2
+    preempted = "".join(p.read_text() for p in
+                        (tmp_path / "slurm.submitit").glob(f"{job}_1_0_log.*"))
+    assert "Calling checkpoint method" in preempted and "SIGUSR2" in preempted
 
     reference = tmp_path / "processes"
     _finish(_ablate(cluster, plan, reference, "--executor", "processes", "--jobs", "1"))
@@ -196,8 +213,9 @@ def test_slurm_array_requeue_resume_report_rerun(cluster, tmp_path):
     (out / "rows" / "first" / "seed_1" / "result.json").unlink()
     (out / "rows" / "first" / "result.json").unlink()
     one = _finish(_ablate(cluster, plan, out, "--executor", "slurm"))
-    assert "submitted row 'first' seed 1 as array task" in one
-    assert "seed 0 as array task" not in one and one.count(" as array task ") == 1
+    # one unit: submitit sends it as a plain job (an array of one otherwise)
+    assert "submitted row 'first' seed 1 as job " in one, one
+    assert one.count("== submitted ") == 1 and "seed 0 finished earlier" in one
     _same_report(out, reference)
 
 

@@ -97,7 +97,8 @@ class UnitTask:
         try:
             self._proc = subprocess.Popen(
                 unit_command(self.out, self.row, self.seed, os.getpid()), env=env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                preexec_fn=_ignore_preemption_signal)
         finally:
             os.close(log)
         code = self._proc.wait()
@@ -113,15 +114,37 @@ class UnitTask:
         released, its last checkpoint kept) and resubmit the same unit, which resumes."""
         from submitit.helpers import DelayedSubmission
 
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if self._proc is not None:
+            _stop_group(self._proc.pid)
         return DelayedSubmission(UnitTask(self.out, self.row, self.seed, self.threads))
+
+
+def _ignore_preemption_signal() -> None:
+    """In the unit's process, before exec: SLURM's warning signal (USR2, sent to every process
+    of the task) is the task's to handle (`UnitTask.checkpoint`), not a kill of the unit."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def _stop_group(pid: int) -> None:
+    """SIGTERM to the unit's process group, SIGKILL after `STOP_GRACE_SECONDS`. Reaps with
+    waitpid, not Popen.wait: this runs in a signal handler that may have interrupted the
+    task's own Popen.wait, whose lock it would wait on for ever."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped already
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _startable(units: Sequence[Unit], out: Path, outcome: ParallelOutcome) -> list[Unit]:
@@ -192,7 +215,9 @@ def _run_slurm(units: Sequence[Unit], out: Path, resources: ClusterResources) ->
         jobs = [executor.submit(task) for task in tasks]
     job_id = jobs[0].job_id.split("_")[0]
     for (row, seed), job in zip(units, jobs, strict=True):
-        print(f"== submitted {_label(row, seed)} as array task {job.job_id}", flush=True)
+        # (submitit sends a lone unit as a plain job, which squeue follows the same way)
+        what = "array task" if "_" in job.job_id else "job"
+        print(f"== submitted {_label(row, seed)} as {what} {job.job_id}", flush=True)
     try:
         _wait_array(job_id)
     except BaseException as exc:
@@ -200,7 +225,7 @@ def _run_slurm(units: Sequence[Unit], out: Path, resources: ClusterResources) ->
         if isinstance(exc, KeyboardInterrupt):
             raise _cancelled(f"job array {job_id} (scancel {job_id})", out) from None
         raise
-    return _unfinished(units, out, [f"array task {job.job_id}: {job.paths.stderr}"
+    return _unfinished(units, out, [f"task {job.job_id}: {job.paths.stderr}"
                                     for job in jobs])
 
 
