@@ -109,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from folnet.train.ablate.operators import Declared, file_source, with_record
     from folnet.train.ablate.plan import default_out, parse_plan_dict, read_plan
     from folnet.train.ablate.run import run_plan
+    from folnet.train.ablate.submit import Cancelled
     from folnet.train.engine.procs import sigterm_exits
 
     task_data = {}
@@ -143,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
                              seeds=None if args.seed_of_row is None else [args.seed_of_row],
                              progress=not args.no_progress, report=not args.no_report,
                              executor=args.executor)
-    except Interrupted:  # already says what was stopped and how to go on
+    except Cancelled:  # already says what was cancelled and how to go on
         raise
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; the finished rows are kept in {str(out)!r} and a row "

@@ -42,7 +42,7 @@ from folnet.train.ablate.rows import (
 )
 from folnet.train.engine.memory import SHARE_ENV
 
-__all__ = ["UnitTask", "load_submitit", "run_submitted", "submitit_folder"]
+__all__ = ["Cancelled", "UnitTask", "load_submitit", "run_submitted", "submitit_folder"]
 
 POLL_SECONDS = 2.0
 STOP_GRACE_SECONDS = 10.0
@@ -51,6 +51,11 @@ STOP_GRACE_SECONDS = 10.0
 KILLED_WAIT_SECONDS = 300.0
 
 Unit = tuple[AblationRow, int]
+
+
+class Cancelled(Interrupted):
+    """Ctrl-C while waiting on submitted units: what was cancelled and how to go on (one
+    line, exit 130), said as it is rather than as an interrupted local run."""
 
 
 def load_submitit() -> Any:
@@ -195,8 +200,8 @@ def _wait_array(job_id: str) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def _cancelled(what: str, out: Path) -> Interrupted:
-    return Interrupted(f"interrupted; cancelled {what}; the finished units are kept in "
+def _cancelled(what: str, out: Path) -> Cancelled:
+    return Cancelled(f"interrupted; cancelled {what}; the finished units are kept in "
                        f"{str(out)!r}: run the same command again to submit the rest")
 
 
