@@ -43,13 +43,6 @@ test: setup
 	$(PYTEST) --durations=15 -m "not cluster"
 	$(MAKE) --no-print-directory test-numerics
 
-# Across test hosts and a local SLURM (tests marked cluster): two network namespaces with a
-# veth pair for torchrun across hosts (tests/train/test_multinode.py, about 3 minutes), a
-# one-node SLURM started by the tests. Needs root for ip netns; one process (the hosts and
-# the SLURM are one machine's).
-test-cluster: setup
-	$(PY) -m pytest -q -m cluster --durations=10
-
 # The numerical tests under the other kernel set (those also marked slow -- torchrun, export,
 # the bf16 curve, inductor -- are left to `make tolerances`, which measures every bound on both).
 test-numerics: setup
@@ -58,6 +51,20 @@ test-numerics: setup
 # The inner loop: everything but the tests marked slow (under 3 minutes on 2 cores).
 test-fast: setup
 	$(PYTEST) -m "not slow"
+
+# The tests marked cluster, which make test leaves out (root needed: ip netns, apt-get):
+# torchrun across two test hosts -- network namespaces joined by a veth pair
+# (tests/hosts.py, tests/train/test_multinode.py, about 3 minutes) -- and `folnet ablate
+# --executor slurm|local` on a real one-node SLURM the tests start in a temporary folder
+# (tests/slurm_cluster.py; slurm-wlm and munge installed with apt-get when slurmctld is
+# absent), with submitit (the cluster extra; about 5 minutes). One process: the hosts and
+# the SLURM share this machine's cores.
+test-cluster: setup
+	$(PY) -c "import submitit" 2>/dev/null \
+		|| $(PY) -m uv pip install -q --python $(PY) -e '.[train,hf,dev,cluster]' \
+		|| $(PY) -m pip install -q -e '.[train,hf,dev,cluster]'
+	$(PY) -m pytest -q -s -m cluster --durations=10 tests/train/test_multinode.py \
+		tests/train/test_ablate_slurm.py
 
 # The suite but the slow tests, and the installed wheel's test, on another torch in its own
 # environment: `make test-torch TORCH=2.11.0` (the floor pyproject.toml declares; README "Which

@@ -35,6 +35,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("datasets", "matplotlib", "tokenizers", "tqdm", "zstandard"),
     "hf": ("accelerate", "peft", "transformers"),
     "gpu": ("triton", "xformers"),
+    "cluster": ("submitit",),
 }
 
 # the modules whose import registers the training commands (ops, info and convert are here)

@@ -295,6 +295,8 @@ PLAN_KEYS = {
     "rows": "[[rows]] tables: the rows (keys below)",
     "compare": "[compare] table: pretrained against scratch (keys below)",
     "set": "the --set KEY=VALUE settings a run applied (written into plan.json)",
+    "cluster": "[cluster] table: what each unit asks of --executor slurm or local (keys below; "
+               "not part of the plan's identity, not written into plan.json)",
 }
 ROW_KEYS = {
     "name": "the row's name (unique; default: ops and position)",
@@ -310,14 +312,25 @@ COMPARE_KEYS = {
     "sweep": "one [finetune] option and its values, e.g. { kinship_train_size = [400, 1000] }",
 }
 
+#: What each [cluster] key means (folnet/train/ablate/cluster.py).
+CLUSTER_KEYS = {
+    "partition": "SLURM partition (--partition; default: the cluster's)",
+    "time": "minutes per unit, 1 to 525600 (--time; default 60)",
+    "gpus_per_task": "GPUs per unit, 0 to 64 (--gpus-per-task; default 0)",
+    "cpus_per_task": "CPUs per unit, 1 to 1024 (--cpus-per-task; default 1)",
+    "mem_gb": "memory per unit in GB, 1 to 65536 (--mem-gb; default: the cluster's)",
+    "max_parallel": "array tasks at once, 1 to 100000 (--max-parallel; default: no limit)",
+}
+
 
 def plan_reference() -> str:
-    from folnet.train.ablate import plan
+    from folnet.train.ablate import cluster, plan
 
     parts = []
     for title, names, described in (("Top level", plan.PLAN_KEYS, PLAN_KEYS),
                                     ("`[[rows]]`", plan.ROW_KEYS, ROW_KEYS),
-                                    ("`[compare]`", plan.COMPARE_KEYS, COMPARE_KEYS)):
+                                    ("`[compare]`", plan.COMPARE_KEYS, COMPARE_KEYS),
+                                    ("`[cluster]`", cluster.CLUSTER_KEYS, CLUSTER_KEYS)):
         _check_described(f"plan keys ({title})", names, described)
         parts += [f"**{title}**", "", _table(["key", "meaning"],
                                              [(_code(n), described[n]) for n in names]), ""]

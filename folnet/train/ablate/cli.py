@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from folnet.cli import add_operators_flag, register_command, register_operator_file
+from folnet.train.ablate.cluster import EXECUTORS
 
 
 def _bundled_plans() -> str:
@@ -49,6 +50,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="seeds run in parallel processes, N at a time (the costliest "
                    "rows' seeds first)")
+    _cluster_options(p)
     p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
     # set by `--jobs N` on the seed processes it starts: the ablate they must not outlive, and
     # the one seed of the row (--rows) each runs
@@ -57,6 +59,44 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars: a plain "
                    "line per logged step, evaluation and finished row instead")
     add_operators_flag(p)  # the plan's rows may use them; recorded with the plan
+
+
+#: the [cluster] keys the command line sets, by their flags (folnet.train.ablate.cluster)
+CLUSTER_FLAGS = {"partition": "--partition", "time": "--time",
+                 "gpus_per_task": "--gpus-per-task", "cpus_per_task": "--cpus-per-task",
+                 "mem_gb": "--mem-gb", "max_parallel": "--max-parallel"}
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", default="processes", choices=EXECUTORS,
+                   help="how the seeds run: processes on this machine (--jobs N), submitit's "
+                   "LocalExecutor, or one SLURM job array, a task per row and seed "
+                   "(needs folnet[cluster])")
+    group = p.add_argument_group("cluster resources per task (--executor slurm; local reads "
+                                 "time and max-parallel), also the plan's [cluster] keys")
+    group.add_argument("--partition", default=None, help="SLURM partition (default: the "
+                       "cluster's)")
+    for key, what in (("time", "time limit in minutes (default 60)"),
+                      ("gpus_per_task", "GPUs (default 0)"),
+                      ("cpus_per_task", "CPUs (default 1)"),
+                      ("mem_gb", "memory in GB (default: the cluster's)"),
+                      ("max_parallel", "array tasks running at once (default: no limit)")):
+        group.add_argument(CLUSTER_FLAGS[key], type=int, default=None, metavar="N", help=what)
+
+
+def _cluster_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The cluster flags given; refused with --executor processes, which would ignore them."""
+    from folnet.errors import FolnetError
+
+    given = {key: getattr(args, key) for key in CLUSTER_FLAGS if getattr(args, key) is not None}
+    if given and args.executor == "processes":
+        raise FolnetError(f"{', '.join(CLUSTER_FLAGS[k] for k in given)} set(s) cluster "
+                          f"resources, which --executor processes does not use; add "
+                          f"--executor slurm or --executor local")
+    if args.executor != "processes" and args.jobs != 1:
+        raise FolnetError(f"--jobs {args.jobs} runs seeds as processes of this machine; with "
+                          f"--executor {args.executor} use --max-parallel N")
+    return given
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -69,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from folnet.train.ablate.operators import Declared, file_source, with_record
     from folnet.train.ablate.plan import default_out, parse_plan_dict, read_plan
     from folnet.train.ablate.run import run_plan
+    from folnet.train.ablate.submit import Cancelled
     from folnet.train.engine.procs import sigterm_exits
 
     task_data = {}
@@ -87,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     declared = with_record([Declared(spec_to_dict(s), file_source(args.operator_file))
                             for s in register_operator_file(args)], out)
     overrides = {"preset": args.preset, "steps": args.steps, "seeds": args.seeds,
-                 "operators": declared,
+                 "operators": declared, "cluster": _cluster_overrides(args),
                  "data": args.data, "task_data": task_data,
                  "tasks": tuple(args.tasks.split(",")) if args.tasks else None}
     # every row validated before anything trains
@@ -101,7 +142,10 @@ def _run(args: argparse.Namespace) -> int:
             paths = run_plan(plan, out, jobs=args.jobs,
                              only=args.rows.split(",") if args.rows else None,
                              seeds=None if args.seed_of_row is None else [args.seed_of_row],
-                             progress=not args.no_progress, report=not args.no_report)
+                             progress=not args.no_progress, report=not args.no_report,
+                             executor=args.executor)
+    except Cancelled:  # already says what was cancelled and how to go on
+        raise
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; the finished rows are kept in {str(out)!r} and a row "
                           f"resumes from its last checkpoint: run the same command again to "

@@ -4,9 +4,10 @@
 ``--set`` writes into the plan's own data before it is validated, so a setting is checked as
 the same key in the file would be (`folnet.train.ablate.plan.parse_plan_dict`): a top-level key
 (``seeds=1``, ``data=kinship``), an option of a table (``pretrain.steps=20``,
-``finetune.max_steps=50``, ``compare.scratch_steps=1``). Values are read as TOML values
-(``20``, ``1e-3``, ``true``, ``[2, 3]``, ``"text"``), and a bare word as a string. The settings
-are recorded with the plan (its ``plan.json``) and named in its report.
+``finetune.max_steps=50``, ``compare.scratch_steps=1``, ``cluster.time=30``). Values are read
+as TOML values (``20``, ``1e-3``, ``true``, ``[2, 3]``, ``"text"``), and a bare word as a
+string. The settings are recorded with the plan (its ``plan.json``) and named in its report,
+but for the ``cluster`` ones: resources, not the plan (`folnet.train.ablate.cluster`).
 
 ``--rows`` picks rows by name, by directory name or by operator string (every row of that
 string), checked before anything is written.
@@ -29,7 +30,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 __all__ = ["TABLES", "apply_settings", "parse_setting", "select_rows"]
 
 #: The plan's tables whose options ``--set TABLE.OPTION=VALUE`` reaches.
-TABLES = ("pretrain", "finetune", "compare")
+TABLES = ("pretrain", "finetune", "compare", "cluster")
 #: Top-level keys ``--set`` may not change: the plan's identity and its structure.
 FIXED = ("name", "rows", "operators", "operator_sources", "set")
 

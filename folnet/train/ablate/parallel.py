@@ -26,7 +26,7 @@ from folnet.train.ablate.rows import open_row_log, row_log, running_message, see
 from folnet.train.engine.memory import SHARE_ENV
 from folnet.train.engine.procs import stop_processes
 
-__all__ = ["ParallelOutcome", "run_parallel"]
+__all__ = ["ParallelOutcome", "run_parallel", "unit_command"]
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
@@ -47,11 +47,17 @@ def _label(unit: Unit) -> str:
     return f"row {unit[0].name!r} seed {unit[1]}"
 
 
+def unit_command(out: Path, row: AblationRow, seed: int, parent_pid: int) -> list[str]:
+    """The command line that runs one seed of one row (and resumes it when run again) in a
+    process of its own that ends with ``parent_pid``; shared by every executor."""
+    return [sys.executable, "-m", "folnet", "ablate", str(out / "plan.json"), "--out", str(out),
+            "--rows", row.name, "--seed-of-row", str(seed), "--jobs", "1", "--no-report",
+            "--no-progress", "--parent-pid", str(parent_pid)]
+
+
 def _spawn(unit: Unit, out: Path, env: dict[str, str]) -> subprocess.Popen:
     row, seed = unit
-    cmd = [sys.executable, "-m", "folnet", "ablate", str(out / "plan.json"), "--out", str(out),
-           "--rows", row.name, "--seed-of-row", str(seed), "--jobs", "1", "--no-report",
-           "--no-progress", "--parent-pid", str(os.getpid())]
+    cmd = unit_command(out, row, seed, os.getpid())
     log = open_row_log(out, row, seed)
     try:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -44,8 +44,9 @@ from typing import Any
 from folnet.arch import POSITIONS, load_preset, parse_plan
 from folnet.errors import FolnetError, choices
 from folnet.read_files import bundled_or_path, parse_json
+from folnet.train.ablate.cluster import ClusterResources, parse_cluster
 from folnet.train.ablate.operators import Declared, plan_operators
-from folnet.train.ablate.overrides import apply_settings
+from folnet.train.ablate.overrides import apply_settings, parse_setting
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.options import read_toml
@@ -59,7 +60,7 @@ LOSSES = {"MLM.NSP": "nsp", "MLM.SOP": "sop", "CLM": "clm", "PREFIX": "prefix", 
 LOSS_KINDS = {"MLM.NSP": "encoder", "MLM.SOP": "encoder", "CLM": "decoder",
               "PREFIX": "decoder", "SPAN": "encoder-decoder"}
 PLAN_KEYS = ("name", "description", "data", "tasks", "task_data", "seeds", "operators",
-             "operator_sources", "pretrain", "finetune", "rows", "compare", "set")
+             "operator_sources", "pretrain", "finetune", "rows", "compare", "set", "cluster")
 ROW_KEYS = ("name", "ops", "position", "D2", "loss", "paper")
 COMPARE_KEYS = ("scratch_steps", "sweep")
 #: [finetune] options the plan sets for every run, so neither [finetune] nor a sweep may
@@ -145,6 +146,8 @@ class AblationPlan:
     operators: tuple[dict[str, Any], ...] = ()
     operator_sources: tuple[str, ...] = field(default=(), compare=False)
     settings: tuple[str, ...] = ()  # the command line's --set KEY=VALUE, as given
+    # what each unit asks of a cluster (`folnet.train.ablate.cluster`): not the plan's identity
+    cluster: ClusterResources = field(default=ClusterResources(), compare=False)
 
 
 def _row(raw: Any, index: int, plan_name: str, preset: str, num_layers: int) -> AblationRow:
@@ -249,7 +252,9 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
                         pretrain=tuple(pretrain.items()), finetune=tuple(finetune.items()),
                         source=source, compare=compare, operators=operators,
                         operator_sources=sources,
-                        settings=tuple(str(x) for x in data.get("set", ())))
+                        settings=tuple(str(x) for x in data.get("set", ())),
+                        cluster=parse_cluster(data.get("cluster"), overrides.get("cluster"),
+                                              where=f"plan {name!r}"))
 
 
 def _compare(raw: Any, name: str, steps: int, finetune: Mapping[str, Any]) -> Compare:
@@ -391,5 +396,7 @@ def read_plan(path: str | Path, settings: Sequence[str] = ()) -> tuple[dict[str,
     else:
         data = read_toml(path)
     if settings:
-        data = {**apply_settings(data, settings, PLAN_KEYS), "set": list(settings)}
+        # the [cluster] settings are resources, not the plan: not recorded with it
+        kept = [s for s in settings if parse_setting(s)[0][0] != "cluster"]
+        data = {**apply_settings(data, settings, PLAN_KEYS), "set": kept}
     return data, str(path)

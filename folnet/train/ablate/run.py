@@ -37,6 +37,7 @@ from folnet.train.ablate.plan import AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
 from folnet.train.ablate.rows import RowBusy, claim_seed, row_dir, seed_dir
 from folnet.train.ablate.seeds import finetune_config, pretrain_seed, row_cost, run_seed
+from folnet.train.ablate.submit import run_submitted
 from folnet.train.ablate.summary import summarise_cells, summarise_row
 from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.pretrain.config import PretrainConfig
@@ -146,12 +147,15 @@ def _check_out(plan: AblationPlan, out: Path) -> None:
 
 def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
              only: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-             progress: bool = True, report: bool = True) -> dict[str, Path]:
+             progress: bool = True, report: bool = True,
+             executor: str = "processes") -> dict[str, Path]:
     """Run every row of ``plan`` (or the rows named in ``only``; of each, the ``seeds`` given,
-    default all) and write the reports.
+    default all) and write the reports. ``executor`` "slurm" or "local" submits the unfinished
+    seeds through submitit (`folnet.train.ablate.submit`, resources: ``plan.cluster``) instead
+    of running them here.
 
-    Seeds that failed (``jobs > 1``) or that another live process is running are named in a
-    `FolnetError` raised after the report of the finished rows is written."""
+    Seeds that failed (``jobs > 1``, a submitted one) or that another live process is running
+    are named in a `FolnetError` raised after the report of the finished rows is written."""
     out = check_out(out, what="ablation")  # before anything is written
     rows = select_rows(plan.rows, only)
     with FreshStart(out) as fresh:  # a start refused here leaves nothing in OUT
@@ -161,7 +165,11 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
         fresh.begun()
     started = time.perf_counter()
     outcome = ParallelOutcome()
-    if jobs <= 1:
+    if executor != "processes":
+        outcome = run_submitted(seed_units(plan, rows, out), out, executor, plan.cluster)
+        for row in rows:
+            finish_row(plan, row, out)
+    elif jobs <= 1:
         for i, row in enumerate(rows, 1):
             print(f"== row {i}/{len(rows)}: {row.name}", flush=True)
             try:
@@ -178,7 +186,10 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
     print(f"== {len(rows)} row(s) in {time.perf_counter() - started:.0f} s", flush=True)
     paths = _write_report(plan, out) if report else {}
     problems = []
-    if outcome.failed:
+    if outcome.failed and executor != "processes":
+        problems.append(f"{len(outcome.failed)} unit(s) did not finish: "
+                        f"{'; '.join(outcome.failed)}; the same command submits them again")
+    elif outcome.failed:
         problems.append(f"{', '.join(outcome.failed)} failed; see the row logs in "
                         f"{str(out)!r}")
     if outcome.busy:
