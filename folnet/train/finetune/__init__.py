@@ -2,11 +2,12 @@
 
 * `config` holds every option of ``folnet finetune`` (`FinetuneConfig`);
 * `data` reads and encodes a task's splits through its registered family (`folnet.train.tasks`);
-* `checkpoint` loads the pretrained encoder under a new head and saves the finetuned model;
+* `warm_start` loads the pretrained encoder under a new head and saves the finetuned model;
 * `loop` is the generic training loop and batched prediction;
 * `evaluate` scores splits and writes predictions (``folnet evaluate``);
 * `run` is the whole multi-seed run (``folnet finetune``);
 * `heads` trains multiple-choice and token-classification heads from Python;
+* `generation` finetunes the text kinds on text-to-text tasks from Python;
 * `cli` registers both commands.
 
 The package imports nothing itself: every ``folnet`` command imports ``cli`` to register
