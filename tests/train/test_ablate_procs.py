@@ -328,3 +328,41 @@ def test_the_costliest_rows_seeds_come_first(tmp_path):
     done.write_text("{}")
     units = seed_units(reversed_plan, reversed_plan.rows, out)
     assert [(r.name, s) for r, s in units] == [("first", 0), ("first", 1), ("second", 1)]
+
+
+def test_a_row_process_killed_mid_run_is_run_again_from_its_checkpoint(tmp_path):
+    """The hostile case: SIGKILL to one row's process (the OOM killer, a preemption) made the
+    whole ablate fail ("row 'first' seed 0 failed") though the row had checkpoints. Now the
+    row runs again, resumes from its checkpoint, the ablate finishes, and the report says
+    which seed was run again and why."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text(tiny_plan("retry", """
+[[rows]]
+ops = "j.a"
+name = "first"
+
+[[rows]]
+ops = "j.a"
+D2 = 8
+name = "second"
+""", steps=40, save_every=4))
+    out = tmp_path / "out"
+    parent = _start(plan, out, "--jobs", "2")
+    try:
+        steps = out / "rows" / "first" / "seed_0" / "pretrain" / "log.jsonl"
+        _wait(lambda: _lines(steps) >= 6 and "first" in _row_procs(out).values(), 240,
+              "row 'first' to pass its first checkpoint")
+        victim = next(pid for pid, row in _row_procs(out).items() if row == "first")
+        os.kill(victim, signal.SIGKILL)
+        assert parent.wait(timeout=600) == 0, _read(tmp_path / "out-parent.log").decode()
+    finally:
+        _cleanup(out, parent)
+    said = _read(tmp_path / "out-parent.log").decode()
+    assert "row 'first' seed 0: its process was ended by SIGKILL; running it again from its " \
+           "checkpoints" in said
+    assert "FAILED" not in said
+    assert b"resumed from" in _read(out / "first.log")  # from its checkpoint, not afresh
+    report = (out / "results.md").read_text()
+    assert "Run again from their checkpoints after their process was killed (at most 2 " \
+           "times each): row 'first' seed 0 (its process ended by SIGKILL)." in report
+    assert (out / "rows" / "first" / "result.json").is_file()

@@ -14,6 +14,7 @@ gives the costliest rows' first), each process starting as soon as one ends.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,10 +27,14 @@ from folnet.train.ablate.rows import open_row_log, row_log, running_message, see
 from folnet.train.engine.memory import SHARE_ENV
 from folnet.train.engine.procs import stop_processes
 
-__all__ = ["ParallelOutcome", "run_parallel", "unit_command"]
+__all__ = ["KILLED_RETRIES", "ParallelOutcome", "run_parallel", "unit_command"]
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
+#: How often a seed whose process was killed by a signal (the OOM killer, a preemption, a
+#: stray kill) is run again, resuming from its checkpoints, before it counts as failed. An
+#: exit with a status (an error the seed itself reported) is not retried: it would recur.
+KILLED_RETRIES = 2
 
 
 @dataclass
@@ -38,6 +43,7 @@ class ParallelOutcome:
 
     failed: list[str] = field(default_factory=list)  # "row 'x' seed s"
     busy: list[str] = field(default_factory=list)  # what `running_message` says of each
+    retried: list[str] = field(default_factory=list)  # seeds run again after a kill, and why
 
 
 Unit = tuple[AblationRow, int]  # a row and one of its seeds
@@ -83,25 +89,46 @@ def _start(unit: Unit, out: Path, env: dict[str, str], outcome: ParallelOutcome
     return proc
 
 
-def _ended(unit: Unit, proc: subprocess.Popen, out: Path, outcome: ParallelOutcome) -> None:
+def _signal_name(returncode: int) -> str | None:
+    """The signal that ended a process (a negative status), by name; None for an exit."""
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _ended(unit: Unit, proc: subprocess.Popen, out: Path, outcome: ParallelOutcome,
+           retries_left: int) -> bool:
+    """Say how the unit's process ended; True when it is to run again (killed by a signal,
+    with retries left: the rerun resumes from the seed's checkpoints)."""
     row, seed = unit
     if proc.returncode == 0:
         print(f"== {_label(unit)}: done", flush=True)
-        return
+        return False
     holder = seed_holder(out, row, seed)  # lost a race to another ablate's seed process?
+    killer = _signal_name(proc.returncode)
     if holder is not None:
         outcome.busy.append(running_message(row, seed, holder))
         print(f"== {outcome.busy[-1]}; not run here", flush=True)
+    elif killer is not None and retries_left > 0:
+        outcome.retried.append(f"{_label(unit)} (its process ended by {killer})")
+        print(f"== {_label(unit)}: its process was ended by {killer}; running it again from "
+              f"its checkpoints ({retries_left - 1} more such retry(ies) allowed)", flush=True)
+        return True
     else:
         outcome.failed.append(_label(unit))
         print(f"== {_label(unit)}: FAILED (exit status {proc.returncode}; log: "
               f"{row_log(out, row)})", flush=True)
+    return False
 
 
 def run_parallel(units: Sequence[Unit], out: Path, jobs: int) -> ParallelOutcome:
     """Run ``units`` (row, seed) in ``jobs`` processes at a time, each given its share of the
-    CPU threads. On any exception (SIGTERM via `folnet.train.engine.procs.sigterm_exits`,
-    Ctrl-C) the running seeds are stopped before it propagates."""
+    CPU threads; a seed whose process a signal killed runs again up to `KILLED_RETRIES`
+    times. On any exception (SIGTERM via `folnet.train.engine.procs.sigterm_exits`, Ctrl-C)
+    the running seeds are stopped before it propagates."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1",  # a seed killed mid-run keeps its log up to the kill
@@ -109,6 +136,7 @@ def run_parallel(units: Sequence[Unit], out: Path, jobs: int) -> ParallelOutcome
     pending = list(units)
     running: list[tuple[Unit, subprocess.Popen]] = []
     outcome = ParallelOutcome()
+    retries = {(row.name, seed): KILLED_RETRIES for row, seed in units}
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -119,7 +147,10 @@ def run_parallel(units: Sequence[Unit], out: Path, jobs: int) -> ParallelOutcome
             for item in list(running):
                 if item[1].poll() is not None:
                     running.remove(item)
-                    _ended(*item, out, outcome)
+                    key = (item[0][0].name, item[0][1])
+                    if _ended(*item, out, outcome, retries[key]):
+                        retries[key] -= 1
+                        pending.insert(0, item[0])
     except BaseException:
         if running:
             print(f"== stopping {len(running)} running seed(s): "

@@ -32,7 +32,7 @@ from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.train.ablate import corpus
 from folnet.train.ablate.overrides import select_rows
-from folnet.train.ablate.parallel import ParallelOutcome, run_parallel
+from folnet.train.ablate.parallel import KILLED_RETRIES, ParallelOutcome, run_parallel
 from folnet.train.ablate.plan import AblationPlan, AblationRow, plan_to_dict
 from folnet.train.ablate.report import write_reports
 from folnet.train.ablate.rows import RowBusy, claim_seed, row_dir, seed_dir
@@ -184,7 +184,7 @@ def run_plan(plan: AblationPlan, out: str | Path, *, jobs: int = 1,
         for row in rows:
             finish_row(plan, row, out)  # (its last seed's process wrote it, unless it died)
     print(f"== {len(rows)} row(s) in {time.perf_counter() - started:.0f} s", flush=True)
-    paths = _write_report(plan, out) if report else {}
+    paths = _write_report(plan, out, outcome.retried) if report else {}
     problems = []
     if outcome.failed and executor != "processes":
         problems.append(f"{len(outcome.failed)} unit(s) did not finish: "
@@ -220,7 +220,8 @@ def seed_units(plan: AblationPlan, rows: Sequence[AblationRow], out: Path
     return sorted(units, key=lambda unit: -cost[unit[0].name])  # stable: seeds in order
 
 
-def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
+def _write_report(plan: AblationPlan, out: Path, retried: Sequence[str] = ()
+                  ) -> dict[str, Path]:
     finished = [_read_row(row_dir(out, r) / "result.json", plan)
                 for r in plan.rows if (row_dir(out, r) / "result.json").is_file()]
     if not finished:  # every row failed or is running elsewhere: nothing to tabulate yet
@@ -243,6 +244,9 @@ def _write_report(plan: AblationPlan, out: Path) -> dict[str, Path]:
                    + (f" at {plan.compare.option} = "
                       f"{', '.join(map(str, plan.compare.values))}."
                       if plan.compare.option is not None else "."))
+    if retried:
+        header += (f"\n\nRun again from their checkpoints after their process was killed (at "
+                   f"most {KILLED_RETRIES} times each): {'; '.join(retried)}.")
     used = [s.get("pretrain_data") or plan.data for r in finished for s in r.get("seeds", ())]
     header += "\n\n" + corpus.describe_corpora(plan.data, plan.tasks, used)
     return write_reports(finished, out, plan_name=plan.name, header=header,
