@@ -1,7 +1,8 @@
 """What a training loop saves and restores, for plain, DDP and FSDP models alike.
 
-`save_training_checkpoint` gathers what every rank holds (RNG states; under FSDP the parameter
-and optimiser shards) and lets rank 0 write it through `folnet.train.engine.step_checkpoints`;
+`save_training_checkpoint` gathers what every rank holds (RNG states) and lets rank 0 write it
+through `folnet.train.engine.step_checkpoints`; under FSDP every rank writes its parameter and
+optimiser shards itself (`folnet.train.engine.sharded`) and rank 0 the rest.
 `restore_training_state` puts it back on every rank. `write_model_fn` is the model writer both
 the checkpoints and the final model use, and `publish_final` writes ``OUT/final``.
 
@@ -29,6 +30,7 @@ from folnet.errors import NonFiniteError
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
 from folnet.train.engine.guard import check_finite_weights
+from folnet.train.engine.sharded import save_sharded_checkpoint
 
 __all__ = ["Stateful", "publish_final", "restore_training_state", "save_training_checkpoint",
            "write_model_fn"]
@@ -80,18 +82,6 @@ def _check_gathered(full: Mapping[str, torch.Tensor], what: str) -> None:
         raise NonFiniteError(verdict[0])
 
 
-def _optimizer_state(engine: nn.Module, optimizer: Optimizer, fsdp: bool) -> dict[str, Any]:
-    if not fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-    )
-
-    return get_optimizer_state_dict(engine, optimizer, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
-
-
 class Stateful(Protocol):
     """What a checkpoint keeps of an object besides the model (the MLM collator's generator)."""
 
@@ -106,21 +96,29 @@ def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module,
                              tokenizer: ckpt.Saveable, ctx: DistContext,
                              state: Mapping[str, Any], extra: Mapping[str, Any],
                              keep_last: int, fsdp: bool) -> None:
-    """Every rank contributes (RNG states, FSDP shards); rank 0 writes; all wait for it."""
+    """Every rank contributes (RNG states); rank 0 writes; all wait for it. Under FSDP the
+    checkpoint is sharded: every rank writes its shards, nothing is gathered."""
     rng = ckpt.capture_rng(ctx.device)
     gathered: list[Any] = [rng]
     if ctx.is_distributed:
         gathered = [None] * ctx.world_size
         torch.distributed.all_gather_object(gathered, rng)
-    optimizer_state = _optimizer_state(engine, optimizer, fsdp)
+    step = int(state["step"])
+    trainer = {**state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+               "collator": collator.state_dict(), "rng": gathered,
+               "world_size": ctx.world_size}
+    if fsdp:
+        save_sharded_checkpoint(out, step, model=model, engine=engine, optimizer=optimizer,
+                                tokenizer=tokenizer, ctx=ctx, trainer_state=trainer,
+                                extra=extra, keep_last=keep_last)
+        return
+    optimizer_state = optimizer.state_dict()
     write = write_model_fn(model, engine, extra, fsdp, ctx.is_main,
-                           what=f"checkpoint step_{int(state['step'])}")
+                           what=f"checkpoint step_{step}")
     if ctx.is_main:
-        trainer = {**state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                   "scaler": scaler.state_dict(), "collator": collator.state_dict(),
-                   "rng": gathered, "world_size": ctx.world_size}
-        ckpt.save_checkpoint(out, int(state["step"]), write_model=write, tokenizer=tokenizer,
-                             trainer_state=trainer, keep_last=keep_last)
+        ckpt.save_checkpoint(out, step, write_model=write, tokenizer=tokenizer,
+                             trainer_state={**trainer, "optimizer": optimizer_state},
+                             keep_last=keep_last)
     barrier(ctx)
 
 
@@ -129,8 +127,12 @@ def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module,
                            scaler: torch.amp.GradScaler, collator: Stateful, ctx: DistContext,
                            fsdp: bool) -> None:
     """Load optimiser, scheduler, scaler and collator states, then this rank's RNG states.
-    Call it last before the loop: nothing may draw random numbers in between."""
-    if fsdp:
+    Call it last before the loop: nothing may draw random numbers in between. A sharded
+    checkpoint's optimiser state is not in `trainer`: `load_sharded_state` loaded it with the
+    weights."""
+    if ckpt.SHARDED_KEY in trainer:
+        pass
+    elif fsdp:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
