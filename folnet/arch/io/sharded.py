@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 from torch import nn
@@ -69,7 +70,10 @@ def read_sharded_model(checkpoint: str | os.PathLike[str]) -> nn.Module:
     model = model_from_config(cfg, head=meta.get("head"), num_labels=saved_num_labels(meta))
     state = model.state_dict()
     try:
-        dcp.load({MODEL_KEY: state}, checkpoint_id=str(checkpoint / SHARDS_DIR), no_dist=True)
+        with warnings.catch_warnings():  # DCP warns that it loads without a process group
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({MODEL_KEY: state}, checkpoint_id=str(checkpoint / SHARDS_DIR),
+                     no_dist=True)
     except Exception as exc:  # DCP reports missing keys and shape faults as its own errors
         text = " ".join(str(exc).split())[:300]
         raise FolnetError(f"{checkpoint / SHARDS_DIR}: the shards do not hold the weights its "
