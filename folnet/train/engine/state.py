@@ -26,14 +26,14 @@ from torch.optim.lr_scheduler import LRScheduler
 from folnet.arch import FolnetModel
 from folnet.atomic_write import atomic_write_dir
 from folnet.checksums import write_manifest
-from folnet.errors import NonFiniteError
+from folnet.errors import FolnetError, NonFiniteError
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
 from folnet.train.engine.guard import check_finite_weights
 from folnet.train.engine.sharded import save_sharded_checkpoint
 
-__all__ = ["Stateful", "publish_final", "restore_training_state", "save_training_checkpoint",
-           "write_model_fn"]
+__all__ = ["Stateful", "keyed_by_name", "publish_final", "restore_training_state",
+           "save_training_checkpoint", "write_model_fn"]
 
 
 def _full_state(engine: nn.Module) -> dict[str, torch.Tensor]:
@@ -80,6 +80,28 @@ def _check_gathered(full: Mapping[str, torch.Tensor], what: str) -> None:
         torch.distributed.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise NonFiniteError(verdict[0])
+
+
+def keyed_by_name(state: Mapping[str, Any], optimizer: Optimizer, engine: nn.Module
+                  ) -> dict[str, Any]:
+    """A whole optimiser state keyed by parameter name, as FSDP's loader wants it.
+
+    A checkpoint written without FSDP holds ``optimizer.state_dict()``, keyed by each
+    parameter's index in the parameter groups; the optimiser made now for the same model
+    lists its parameters in the same order, which gives each index its name in `engine`.
+    A state keyed by name already (a gathered FSDP checkpoint) is returned as it is."""
+    groups = state.get("param_groups") or []
+    if all(isinstance(i, str) for g in groups for i in g["params"]):
+        return dict(state)
+    names = {id(p): name.removeprefix("module.") for name, p in engine.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    ids = [i for g in groups for i in g["params"]]
+    if len(ids) != len(order):
+        raise FolnetError(f"--resume: the checkpoint's optimiser state has {len(ids)} "
+                          f"parameters, the optimiser now {len(order)}")
+    name = dict(zip(ids, order, strict=True))
+    return {"state": {name[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in groups]}
 
 
 class Stateful(Protocol):
@@ -139,7 +161,8 @@ def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module,
         )
 
         # strict=False: parameters that never got a gradient have no optimiser state.
-        set_optimizer_state_dict(engine, optimizer, trainer["optimizer"],
+        set_optimizer_state_dict(engine, optimizer,
+                                 keyed_by_name(trainer["optimizer"], optimizer, engine),
                                  options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         optimizer.load_state_dict(trainer["optimizer"])
