@@ -156,6 +156,17 @@ def test_every_rank_writes_its_shards_and_no_model_file(runs):
         trainer = ckpt.load_trainer_state(step)
         assert trainer[ckpt.SHARDED_KEY] == SHARDS_DIR and "optimizer" not in trainer
         assert trainer["world_size"] == nproc and len(trainer["rng"]) == nproc
+    # what a save cut short leaves (a rank killed while writing its shards): a temporary the
+    # listing never sees, which the next run in OUT deletes
+    run = root / "killed"
+    shutil.copytree(root / "fsdp2", run)
+    cut = temporary_name(run / "checkpoints" / "step_6", "0123abcd") / SHARDS_DIR
+    cut.mkdir(parents=True)
+    (cut / "__0_0.distcp").write_bytes(b"half")
+    assert [step for step, _ in ckpt.list_checkpoints(run)] == [2, 4]
+    assert ckpt.resolve_resume(run, "latest")[0] == run / "checkpoints" / "step_4"
+    ckpt.remove_stale_temporaries(run)
+    assert not cut.parent.exists()
     # a damaged shard is found by the checksums, and --resume would skip the checkpoint
     copy = root / "damaged"
     shutil.copytree(root / "fsdp2" / "checkpoints" / "step_2", copy)
