@@ -241,3 +241,25 @@ def test_an_fsdp_run_resumes_a_whole_checkpoint(runs, tmp_path):
     difference = max_difference(final_weights(tmp_path / "whole"), final_weights(fsdp))
     print(f"whole checkpoint resumed under FSDP: max |w - w_whole| = {difference:.3g}")
     assert_at_most(difference, 1e-6, "a whole checkpoint resumed with 2 FSDP processes")
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_a_sharded_checkpoint_resumes_without_fsdp(runs, tmp_path):
+    """One process without --fsdp (no process group) reads the shards whole, and goes on
+    writing whole checkpoints."""
+    root, _ = runs
+    dest = tmp_path / "plain"
+    shutil.copytree(root / "fsdp2", dest)
+    shutil.rmtree(dest / "final")
+    shutil.rmtree(dest / "checkpoints" / "step_4")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["pretrain", "--out", str(dest), "--resume", "--no-fsdp"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert (dest / "checkpoints" / "step_4" / "model.safetensors").is_file()
+    difference = max_difference(final_weights(root / "fsdp2"), final_weights(dest))
+    print(f"2 FSDP processes -> 1 without FSDP: max |w - w_2| = {difference:.3g}")
+    assert_at_most(difference, RESHARD_ABS, "a sharded checkpoint resumed without FSDP")

@@ -22,6 +22,7 @@ split wrote them. The same path serves a resume without FSDP (whole tensors on e
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,12 @@ def load_sharded_state(checkpoint: Path, *, engine: nn.Module, model: nn.Module,
     if missing:
         raise FolnetError(f"--resume: {shards} holds no weights for {missing[:6]} "
                           f"({len(missing)} of the model's {len(state[MODEL_KEY])})")
-    dcp.load(state, checkpoint_id=str(shards),
-             planner=DefaultLoadPlanner(allow_partial_load=True))
+    with warnings.catch_warnings():  # one process without a group: DCP warns, as meant
+        if not dist.is_initialized():
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(shards),
+                 planner=DefaultLoadPlanner(allow_partial_load=True),
+                 no_dist=not dist.is_initialized())
     weights = {prefix + k: v for k, v in state[MODEL_KEY].items()}
     set_state_dict(engine, optimizer, model_state_dict=weights,
                    optim_state_dict=state[OPTIM_KEY], options=StateDictOptions(strict=False))
