@@ -169,8 +169,11 @@ def _info_run(args: argparse.Namespace) -> int:
 
 
 def _convert_configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prefix", help="released checkpoint prefix: PREFIX.cfg and PREFIX.pt")
-    p.add_argument("outdir", help="directory for config.json + model.safetensors")
+    p.add_argument("prefix", help="released checkpoint prefix (PREFIX.cfg and PREFIX.pt), or "
+                   "a sharded training checkpoint (folnet pretrain --fsdp: "
+                   "RUN/checkpoints/step_N)")
+    p.add_argument("outdir", help="directory for config.json + model.safetensors (for a "
+                   "sharded checkpoint: a new directory, which also gets its tokenizer)")
 
 
 def _convert_run(args: argparse.Namespace) -> int:
@@ -179,11 +182,18 @@ def _convert_run(args: argparse.Namespace) -> int:
     conversion was done for nothing."""
     from pathlib import Path
 
-    from folnet.arch.io.model_dir import save_pretrained
+    from folnet.arch.io.model_dir import is_sharded_checkpoint, save_pretrained
     from folnet.arch.io.official import load_official
     from folnet.atomic_write import writing
 
     outdir = Path(args.outdir)
+    if is_sharded_checkpoint(args.prefix):
+        from folnet.arch.io.sharded import convert_sharded
+
+        with writing(outdir):
+            convert_sharded(args.prefix, outdir)
+        print(f"converted sharded checkpoint {args.prefix} -> {args.outdir}")
+        return 0
     if outdir.exists() and not outdir.is_dir():
         raise FolnetError(f"outdir {str(outdir)!r} exists and is not a directory: name a new "
                           f"or existing directory for config.json and model.safetensors")
@@ -205,7 +215,8 @@ register_command("env", "what a bug report needs: folnet, Python, torch, the dev
                  "kernels, the optional packages", lambda p: None, _env_run)
 register_command("info", "parameters per component, FLOPs per sequence, activation memory",
                  _info_configure, _info_run)
-register_command("convert", "convert a released FOLNet checkpoint (PREFIX.cfg/.pt) to ours",
+register_command("convert", "convert a released FOLNet checkpoint (PREFIX.cfg/.pt), or a "
+                 "sharded training checkpoint, to a model directory",
                  _convert_configure, _convert_run)
 
 

@@ -30,6 +30,10 @@ FORMAT = "folnet"
 WEIGHTS_METADATA = {"format": "pt"}
 VERSION = 2  # 2: config.json also says model_type and architectures (transformers reads it)
 STEP_DIR = re.compile(r"^step_(\d+)$")
+#: The folder of a sharded training checkpoint (``folnet pretrain --fsdp``) that holds its
+#: weights and optimiser state as torch.distributed.checkpoint shards, in place of
+#: model.safetensors (`folnet.arch.io.sharded`).
+SHARDS_DIR = "shards"
 
 
 def model_metadata(model: Any) -> dict[str, Any]:
@@ -81,16 +85,36 @@ def run_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def is_sharded_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` is a sharded training checkpoint: a ``shards/`` folder and no
+    model.safetensors (`SHARDS_DIR`)."""
+    directory = Path(directory)
+    return (directory / SHARDS_DIR).is_dir() and not (directory / "model.safetensors").exists()
+
+
+def sharded_refusal(checkpoint: str | Path, what: str) -> FolnetError:
+    """The error for a model directory that is a sharded checkpoint, saying how to convert
+    it: a model directory is one model.safetensors, which such a checkpoint does not have."""
+    return FolnetError(f"{what} {str(checkpoint)!r} is a sharded training checkpoint (written "
+                       f"by folnet pretrain --fsdp) and holds no model.safetensors: convert "
+                       f"it to a model directory with `folnet convert {checkpoint} DEST`, "
+                       f"or use the run's final/")
+
+
 def resolve_model_dir(path: str | Path, *, what: str = "checkpoint") -> Path:
     """The model directory ``path`` names: itself when it holds config.json and
     model.safetensors; else a run's ``final/`` (a pretraining run), its ``model/`` (a
-    finetuning run) or its latest checkpoint."""
+    finetuning run) or its latest checkpoint. A sharded checkpoint in the way (``path``
+    itself, or a run's latest) is refused with how to convert it, never skipped for an older
+    one."""
     root = Path(path)
     if not root.exists():
         raise FolnetError(f"{what} {str(root)!r} does not exist")
     candidates = [root, root / "final", root / "model"]
     candidates += [p for _, p in reversed(run_checkpoints(root))]
     for candidate in candidates:
+        if is_sharded_checkpoint(candidate) and (candidate / "config.json").is_file():
+            raise sharded_refusal(candidate, what)
         if (candidate / "config.json").is_file() and (candidate / "model.safetensors").is_file():
             try:
                 verify_model_dir(candidate)  # config, weights and tokenizer, before any is read

@@ -105,8 +105,12 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     return resolved
 
 
-def init_distributed(device: str = "auto") -> DistContext:
-    """Join the torchrun process group when WORLD_SIZE > 1; otherwise a single process."""
+def init_distributed(device: str = "auto", *, group: bool = False) -> DistContext:
+    """Join the torchrun process group when WORLD_SIZE > 1; otherwise a single process.
+
+    ``group`` (``--fsdp``): a single process gets a process group of one too, since FSDP's
+    sharding and torch.distributed.checkpoint's collectives need one; so a run of one process
+    writes the same sharded checkpoints as a run of many, and either resumes the other."""
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -114,21 +118,26 @@ def init_distributed(device: str = "auto") -> DistContext:
         raise FolnetError(f"RANK={rank} and WORLD_SIZE={world} are inconsistent: need "
                           f"0 <= RANK < WORLD_SIZE")
     dev = resolve_device(device, local_rank)
-    if world == 1:
+    if world == 1 and not group:
         return DistContext(device=dev)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     owns = False
     if not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        if backend == "gloo":
-            advertise_route_to_master(os.environ.get("MASTER_ADDR"))
-        with connecting(rank, connect_timeout()):  # one line, not a hang, if no peer answers
-            dist.init_process_group(backend=backend, init_method="env://", rank=rank,
-                                    world_size=world)
+        if world == 1 and "MASTER_ADDR" not in os.environ:  # no torchrun: an in-memory store
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
+                                    world_size=1)
             owns = True
-            # every pair connected (NCCL connects at the first collective, on this GPU)
-            dist.barrier(device_ids=[dev.index] if dev.type == "cuda" else None)
+        else:
+            if backend == "gloo":
+                advertise_route_to_master(os.environ.get("MASTER_ADDR"))
+            with connecting(rank, connect_timeout()):  # one line, not a hang, if no answer
+                dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                                        world_size=world)
+                owns = True
+                # every pair connected (NCCL connects at the first collective, on this GPU)
+                dist.barrier(device_ids=[dev.index] if dev.type == "cuda" else None)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev,
                        backend=backend, owns_group=owns)
 

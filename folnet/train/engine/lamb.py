@@ -211,7 +211,9 @@ class Lamb(Optimizer):
         keep = None if skip is None else (~skip).to(torch.float64)
         if skip is not None:
             grad = torch.where(skip, 0.0, grad)
-        state["step"].add_(1 if keep is None else keep)
+        # out of place: after a load_state_dict tensors of equal counts share one step tensor
+        # (for the buckets), and an in-place add here would count each of them on all of them
+        state["step"] = state["step"] + (1 if keep is None else keep)
         t = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.mul_(beta1 if skip is None else torch.where(skip, 1.0, beta1).float())

@@ -1,7 +1,8 @@
 """What a training loop saves and restores, for plain, DDP and FSDP models alike.
 
-`save_training_checkpoint` gathers what every rank holds (RNG states; under FSDP the parameter
-and optimiser shards) and lets rank 0 write it through `folnet.train.engine.step_checkpoints`;
+`save_training_checkpoint` gathers what every rank holds (RNG states) and lets rank 0 write it
+through `folnet.train.engine.step_checkpoints`; under FSDP every rank writes its parameter and
+optimiser shards itself (`folnet.train.engine.sharded`) and rank 0 the rest.
 `restore_training_state` puts it back on every rank. `write_model_fn` is the model writer both
 the checkpoints and the final model use, and `publish_final` writes ``OUT/final``.
 
@@ -25,13 +26,14 @@ from torch.optim.lr_scheduler import LRScheduler
 from folnet.arch import FolnetModel
 from folnet.atomic_write import atomic_write_dir
 from folnet.checksums import write_manifest
-from folnet.errors import NonFiniteError
+from folnet.errors import FolnetError, NonFiniteError
 from folnet.train.engine import step_checkpoints as ckpt
 from folnet.train.engine.distributed import DistContext, barrier
 from folnet.train.engine.guard import check_finite_weights
+from folnet.train.engine.sharded import save_sharded_checkpoint
 
-__all__ = ["Stateful", "publish_final", "restore_training_state", "save_training_checkpoint",
-           "write_model_fn"]
+__all__ = ["Stateful", "keyed_by_name", "publish_final", "restore_training_state",
+           "save_training_checkpoint", "write_model_fn"]
 
 
 def _full_state(engine: nn.Module) -> dict[str, torch.Tensor]:
@@ -80,16 +82,26 @@ def _check_gathered(full: Mapping[str, torch.Tensor], what: str) -> None:
         raise NonFiniteError(verdict[0])
 
 
-def _optimizer_state(engine: nn.Module, optimizer: Optimizer, fsdp: bool) -> dict[str, Any]:
-    if not fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-    )
+def keyed_by_name(state: Mapping[str, Any], optimizer: Optimizer, engine: nn.Module
+                  ) -> dict[str, Any]:
+    """A whole optimiser state keyed by parameter name, as FSDP's loader wants it.
 
-    return get_optimizer_state_dict(engine, optimizer, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
+    A checkpoint written without FSDP holds ``optimizer.state_dict()``, keyed by each
+    parameter's index in the parameter groups; the optimiser made now for the same model
+    lists its parameters in the same order, which gives each index its name in `engine`.
+    A state keyed by name already (a gathered FSDP checkpoint) is returned as it is."""
+    groups = state.get("param_groups") or []
+    if all(isinstance(i, str) for g in groups for i in g["params"]):
+        return dict(state)
+    names = {id(p): name.removeprefix("module.") for name, p in engine.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    ids = [i for g in groups for i in g["params"]]
+    if len(ids) != len(order):
+        raise FolnetError(f"--resume: the checkpoint's optimiser state has {len(ids)} "
+                          f"parameters, the optimiser now {len(order)}")
+    name = dict(zip(ids, order, strict=True))
+    return {"state": {name[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in groups]}
 
 
 class Stateful(Protocol):
@@ -106,21 +118,29 @@ def save_training_checkpoint(out: Path, *, model: nn.Module, engine: nn.Module,
                              tokenizer: ckpt.Saveable, ctx: DistContext,
                              state: Mapping[str, Any], extra: Mapping[str, Any],
                              keep_last: int, fsdp: bool) -> None:
-    """Every rank contributes (RNG states, FSDP shards); rank 0 writes; all wait for it."""
+    """Every rank contributes (RNG states); rank 0 writes; all wait for it. Under FSDP the
+    checkpoint is sharded: every rank writes its shards, nothing is gathered."""
     rng = ckpt.capture_rng(ctx.device)
     gathered: list[Any] = [rng]
     if ctx.is_distributed:
         gathered = [None] * ctx.world_size
         torch.distributed.all_gather_object(gathered, rng)
-    optimizer_state = _optimizer_state(engine, optimizer, fsdp)
+    step = int(state["step"])
+    trainer = {**state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+               "collator": collator.state_dict(), "rng": gathered,
+               "world_size": ctx.world_size}
+    if fsdp:
+        save_sharded_checkpoint(out, step, model=model, engine=engine, optimizer=optimizer,
+                                tokenizer=tokenizer, ctx=ctx, trainer_state=trainer,
+                                extra=extra, keep_last=keep_last)
+        return
+    optimizer_state = optimizer.state_dict()
     write = write_model_fn(model, engine, extra, fsdp, ctx.is_main,
-                           what=f"checkpoint step_{int(state['step'])}")
+                           what=f"checkpoint step_{step}")
     if ctx.is_main:
-        trainer = {**state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                   "scaler": scaler.state_dict(), "collator": collator.state_dict(),
-                   "rng": gathered, "world_size": ctx.world_size}
-        ckpt.save_checkpoint(out, int(state["step"]), write_model=write, tokenizer=tokenizer,
-                             trainer_state=trainer, keep_last=keep_last)
+        ckpt.save_checkpoint(out, step, write_model=write, tokenizer=tokenizer,
+                             trainer_state={**trainer, "optimizer": optimizer_state},
+                             keep_last=keep_last)
     barrier(ctx)
 
 
@@ -129,15 +149,20 @@ def restore_training_state(trainer: Mapping[str, Any], *, engine: nn.Module,
                            scaler: torch.amp.GradScaler, collator: Stateful, ctx: DistContext,
                            fsdp: bool) -> None:
     """Load optimiser, scheduler, scaler and collator states, then this rank's RNG states.
-    Call it last before the loop: nothing may draw random numbers in between."""
-    if fsdp:
+    Call it last before the loop: nothing may draw random numbers in between. A sharded
+    checkpoint's optimiser state is not in `trainer`: `load_sharded_state` loaded it with the
+    weights."""
+    if ckpt.SHARDED_KEY in trainer:
+        pass
+    elif fsdp:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
         )
 
         # strict=False: parameters that never got a gradient have no optimiser state.
-        set_optimizer_state_dict(engine, optimizer, trainer["optimizer"],
+        set_optimizer_state_dict(engine, optimizer,
+                                 keyed_by_name(trainer["optimizer"], optimizer, engine),
                                  options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         optimizer.load_state_dict(trainer["optimizer"])

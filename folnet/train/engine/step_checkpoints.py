@@ -12,6 +12,10 @@ Layout of one checkpoint, ``OUT/checkpoints/step_N/``::
                         written
     checksums.json      the SHA-256 of every other file (`folnet.checksums`), written last
 
+Under ``--fsdp`` a checkpoint is sharded (`folnet.train.engine.sharded`): ``shards/`` (the
+weights and optimiser state, one file per rank, torch.distributed.checkpoint) in place of
+model.safetensors, and trainer.pt without the optimiser (`SHARDED_KEY` says so).
+
 Why a directory rename: every file is written into ``checkpoints/.tmp-step_N-*``, fsynced, and
 the directory is renamed to ``step_N`` in one atomic step (`atomic_write_dir`), so a
 crash (SIGKILL, power loss, full disk) during a save leaves either the old set of checkpoints or
@@ -48,7 +52,7 @@ import numpy as np
 import torch
 
 from folnet.arch import load_weights, read_metadata, run_checkpoints
-from folnet.arch.io.model_dir import STEP_DIR
+from folnet.arch.io.model_dir import SHARDS_DIR, STEP_DIR, is_sharded_checkpoint
 from folnet.atomic_write import (
     WriteError,
     atomic_write_dir,
@@ -62,9 +66,11 @@ from folnet.errors import FolnetError
 
 __all__ = [
     "MANIFEST_KEY",
+    "SHARDED_KEY",
     "TRAINER_FILE",
     "Saveable",
     "capture_rng",
+    "check_architecture",
     "check_intact",
     "checkpoint_dir",
     "checkpoint_step",
@@ -72,11 +78,13 @@ __all__ = [
     "list_checkpoints",
     "load_trainer_state",
     "load_weights_into",
+    "prune_checkpoints",
     "read_run_config",
     "remove_stale_temporaries",
     "resolve_resume",
     "restore_rng",
     "save_checkpoint",
+    "write_checkpoint_files",
 ]
 
 TRAINER_FILE = "trainer.pt"
@@ -84,6 +92,9 @@ TRAINER_FORMAT = "folnet-trainer"
 TRAINER_VERSION = 1
 #: The trainer state's entry saying that ``checksums.json`` was written with the checkpoint.
 MANIFEST_KEY = "manifest"
+#: The trainer state's entry of a sharded checkpoint: the folder of its weight and optimiser
+#: shards (`folnet.train.engine.sharded`), whose optimiser state is not in trainer.pt.
+SHARDED_KEY = "shards"
 
 
 def checkpoint_dir(out: str | os.PathLike[str]) -> Path:
@@ -140,13 +151,19 @@ def check_intact(checkpoint: Path) -> None:
     zip CRCs, the weights' header and length)."""
     checkpoint = Path(checkpoint)
     read_metadata(checkpoint)
-    for name in ("model.safetensors", TRAINER_FILE):
+    sharded = is_sharded_checkpoint(checkpoint)
+    weights = f"{SHARDS_DIR}/.metadata" if sharded else "model.safetensors"
+    for name in (weights, TRAINER_FILE):
         if not (checkpoint / name).is_file():
             raise FolnetError(f"checkpoint {str(checkpoint)!r} has no {name} (not a training "
                               f"checkpoint, or an incomplete copy)")
     if read_manifest(checkpoint) is not None:
         verify_files(checkpoint)
         return
+    if sharded:  # written with a manifest always: one without lost it
+        raise FolnetError(f"{checkpoint / MANIFEST}: missing from a sharded checkpoint, which "
+                          f"folnet writes with one: deleted or not copied, so the "
+                          f"checkpoint's files cannot be checked")
     _check_legacy_files(checkpoint)
     if _manifest_was_written(checkpoint / TRAINER_FILE):
         raise FolnetError(f"{checkpoint / MANIFEST}: missing, though folnet wrote it with this "
@@ -249,24 +266,37 @@ def save_checkpoint(out: str | os.PathLike[str], step: int, *,
     disk or a read-only folder is a `folnet.atomic_write.WriteError` naming the file, and the
     checkpoints already written are left as they were.
     """
-    def write(directory: Path) -> None:
-        write_model(directory)
-        tokenizer.save(directory)
-        payload = {"format": TRAINER_FORMAT, "version": TRAINER_VERSION, **trainer_state,
-                   MANIFEST_KEY: MANIFEST}  # a checkpoint without it is then known damaged
-        # through a Python file: a full disk is then an OSError (torch's own writer reports
-        # it as a bare RuntimeError), which becomes a one-line error naming the file
-        with writing(directory / TRAINER_FILE), open(directory / TRAINER_FILE, "wb") as handle:
-            torch.save(payload, handle)
-        write_manifest(directory)  # last: it covers every other file
+    final = atomic_write_dir(checkpoint_dir(out) / f"step_{step}", lambda directory:
+                             write_checkpoint_files(directory, write_model=write_model,
+                                                    tokenizer=tokenizer,
+                                                    trainer_state=trainer_state))
+    prune_checkpoints(out, keep_last)
+    return final
 
-    final = atomic_write_dir(checkpoint_dir(out) / f"step_{step}", write)
+
+def write_checkpoint_files(directory: Path, *, write_model: Callable[[Path], None],
+                           tokenizer: Saveable, trainer_state: Mapping[str, Any]) -> None:
+    """Fill a checkpoint's temporary `directory`: the model (``write_model``), tokenizer,
+    trainer.pt, then checksums.json over every file there (a sharded checkpoint's shards
+    too, written before this is called)."""
+    write_model(directory)
+    tokenizer.save(directory)
+    payload = {"format": TRAINER_FORMAT, "version": TRAINER_VERSION, **trainer_state,
+               MANIFEST_KEY: MANIFEST}  # a checkpoint without it is then known damaged
+    # through a Python file: a full disk is then an OSError (torch's own writer reports
+    # it as a bare RuntimeError), which becomes a one-line error naming the file
+    with writing(directory / TRAINER_FILE), open(directory / TRAINER_FILE, "wb") as handle:
+        torch.save(payload, handle)
+    write_manifest(directory)  # last: it covers every other file
+
+
+def prune_checkpoints(out: str | os.PathLike[str], keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints (renamed aside first)."""
     for _step, path in list_checkpoints(out)[:-keep_last]:
         try:
             discard_dir(path)  # a trash it cannot empty is said in a warning line
         except WriteError as exc:  # pruning is housekeeping: the new checkpoint is safe
             warn(f"keeping an old checkpoint: {exc}")
-    return final
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -329,6 +359,14 @@ def load_weights_into(model: torch.nn.Module, checkpoint: Path) -> None:
     A different architecture names the options that make it; corrupt or truncated files are
     FolnetErrors naming the file.
     """
+    check_architecture(model, checkpoint)
+    load_weights(model, checkpoint)
+
+
+def check_architecture(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Refuse a checkpoint whose config.json describes another architecture than `model`'s,
+    naming the options that make the difference (a sharded checkpoint's weights are loaded
+    later, into the sharded model, but checked here first like any other's)."""
     checkpoint = Path(checkpoint)
     meta = read_metadata(checkpoint)
     saved = dict(meta.get("model") or {})
@@ -339,7 +377,6 @@ def load_weights_into(model: torch.nn.Module, checkpoint: Path) -> None:
                           f"{saved.get(k)!r}, now {mine.get(k)!r}" for k in diffs[:6])
         raise FolnetError(f"--resume: checkpoint {str(checkpoint)!r} holds a different "
                           f"architecture ({shown or 'head ' + repr(meta.get('head'))})")
-    load_weights(model, checkpoint)
 
 
 def describe(checkpoint: Path) -> str:

@@ -83,7 +83,7 @@ def pretrain(config: PretrainConfig) -> Path:
     # a training process: keep tensors on the heap (2x on CPU), the large ones of long
     # sequences excepted (`folnet.runtime`)
     tune_cpu_allocator(config.seq_len)
-    ctx = init_distributed(config.device)
+    ctx = init_distributed(config.device, group=config.fsdp)
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
     # one run per OUT (rank 0 holds it); a full disk or read-only OUT is one line naming a file

@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
 from folnet.arch import set_memory
+from folnet.arch.io.model_dir import is_sharded_checkpoint
 from folnet.atomic_write import atomic_write_json
 from folnet.errors import FolnetError
 from folnet.runtime import deterministic_algorithms
@@ -37,6 +38,7 @@ from folnet.train.engine.lock import RunLock
 from folnet.train.engine.memory import Fit
 from folnet.train.engine.optim import build_optimizer, build_scheduler, reschedule, schedule_rule
 from folnet.train.engine.runlog import TrainLogger
+from folnet.train.engine.sharded import load_sharded_state
 from folnet.train.engine.state import restore_training_state
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.pretrain.fit import fit_pretraining_batch
@@ -149,8 +151,11 @@ def _model(config: PretrainConfig, start: RunStart, vocab_size: int
     state: dict[str, Any] = {"step": 0, "epoch": 0, "block": 0, "samples": 0, "tokens": 0,
                              "elapsed": 0.0, "skipped": 0, "bad_in_a_row": 0}
     trainer = None
-    if start.resume is not None:
+    if start.resume is not None and is_sharded_checkpoint(start.resume):
+        ckpt.check_architecture(model, start.resume)  # weights: once sharded (`set_up`)
+    elif start.resume is not None:
         ckpt.load_weights_into(model, start.resume)
+    if start.resume is not None:
         trainer = ckpt.load_trainer_state(start.resume)
         state.update({k: trainer.get(k, state[k]) for k in state})  # older: no skip counts
     elif start.init_from is not None:
@@ -189,6 +194,9 @@ def set_up(config: PretrainConfig, ctx: DistContext, lock: RunLock) -> Run:
             "power": config.power, "end_factor": config.min_lr_ratio}
     scheduler = build_scheduler(optimizer, config.steps, **rule)
     scaler = make_grad_scaler(config.precision, ctx.device)
+    if start.resume is not None and is_sharded_checkpoint(start.resume):
+        # into this rank's shards of the wrapped model, whatever world size wrote them
+        load_sharded_state(start.resume, engine=engine, model=model, optimizer=optimizer)
     torch.manual_seed(config.seed + ctx.rank)  # dropout streams differ per rank
     if trainer is not None:
         restore_training_state(trainer, engine=engine, optimizer=optimizer, scheduler=scheduler,
