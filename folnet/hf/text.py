@@ -62,8 +62,14 @@ class FolnetCache:
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         self.session.reorder(beam_idx)
 
-    def activate_past_recording(self) -> None:
-        """Nothing to do: a crop only moves the session's length back (`Session.crop`)."""
+    def activate_past_recording(self, **kwargs: object) -> None:
+        """Nothing to do: a crop only moves the session's length back (`Session.crop`). The
+        keywords are transformers' (``recurrent_states_to_keep`` from 5.25 on, for caches of
+        recurrent states); folnet keeps every position's channels, so none applies."""
+
+    def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
+        """0: no recurrent states (transformers 5.25 asks before a streamed generate)."""
+        return 0
 
     def crop(self, max_length: int) -> None:
         """Drop decoder tokens: ``crop(-k)`` the last k (what assisted decoding asks after the
