@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # The second kernel set: torch's non-vectorised ATen kernels, oneDNN held to SSE4.1.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: test test-cluster test-fast test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
+.PHONY: test test-slow test-all test-cluster test-numerics test-torch tolerances demo demo-operators demo-kinds lint setup clean \
 	kinship-fixture docs conformance
 
 setup: $(VENV)/.installed
@@ -36,11 +36,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m compileall -q folnet tests benchmarks
 	touch $@
 
-# The main run names its 15 slowest tests: CI sits near its 10 minutes on slow machines, and
-# its log then says where the time went.
+# The gate CI runs (.ci/run): the strict site build, every test but those marked slow or
+# cluster, then the numerical ones again under the other kernel set -- under 10 minutes on 2
+# cores from a clean clone. It names its 15 slowest tests, so that its log says where the time
+# went when it nears that.
 test: setup
 	$(DOCS_BUILD) --strict
-	$(PYTEST) --durations=15 -m "not cluster"
+	$(PYTEST) --durations=15 -m "not slow and not cluster"
 	$(MAKE) --no-print-directory test-numerics
 
 # The numerical tests under the other kernel set (those also marked slow -- torchrun, export,
@@ -48,9 +50,14 @@ test: setup
 test-numerics: setup
 	$(OTHER_KERNELS) $(PYTEST) -m "numerics and not slow and not cluster"
 
-# The inner loop: everything but the tests marked slow (under 3 minutes on 2 cores).
-test-fast: setup
-	$(PYTEST) -m "not slow"
+# The tests marked slow, which make test leaves out: end-to-end runs of a minute or more
+# (training to a result, ablations, torchrun, compile and export; about 11 minutes on 2 cores).
+# Run it before a change to training, the ablation runner or the kernels lands.
+test-slow: setup
+	$(PYTEST) --durations=15 -m "slow and not cluster"
+
+# Everything: make test, make test-slow, make test-cluster.
+test-all: test test-slow test-cluster
 
 # The tests marked cluster, which make test leaves out (root needed: ip netns, apt-get):
 # torchrun across two test hosts -- network namespaces joined by a veth pair

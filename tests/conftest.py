@@ -25,15 +25,15 @@ torch.set_num_threads(THREADS)
 
 
 def _expected_seconds(item: pytest.Item) -> float:
-    slow = item.get_closest_marker("slow")
-    return 0.0 if slow is None else float(slow.kwargs.get("seconds", 10))
+    marker = item.get_closest_marker("slow") or item.get_closest_marker("long")
+    return 0.0 if marker is None else float(marker.kwargs.get("seconds", 10))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest first: ``slow`` tests, by their ``seconds`` estimate where they give one. Under
-    ``pytest -n 2 --dist loadfile --no-loadscope-reorder`` (make test) whole files go to the
-    workers in this order, so the long ones start early and neither worker is left running one
-    at the end while the other idles."""
+    """Longest first: ``slow`` and ``long`` tests, by their ``seconds`` estimate where they give
+    one. Under ``pytest -n 2 --dist loadfile --no-loadscope-reorder`` (make test) whole files
+    go to the workers in this order, so the long ones start early and neither worker is left
+    running one at the end while the other idles."""
     items.sort(key=lambda item: -_expected_seconds(item))
 
 

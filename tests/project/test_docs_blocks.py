@@ -235,7 +235,7 @@ def main(argv: list[str]) -> None:
 if __name__ != "__main__":
     import pytest
 
-    pytestmark = pytest.mark.slow(seconds=40)
+    pytestmark = pytest.mark.long(seconds=40)
 
     @pytest.fixture(scope="module")
     def outcomes() -> dict:

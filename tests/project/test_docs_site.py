@@ -28,7 +28,7 @@ from cdp import Chromium, find_chromium
 from paths import ROOT
 
 #: The site's tests share one build (about 50 s on 2 cores), and the first to run pays it.
-slow = pytest.mark.slow(seconds=60)
+long_run = pytest.mark.long(seconds=60)
 #: A word the pages use often (the operators' pages, the API, the design).
 WORD = "operator"
 #: What a page may not point at: the network, by scheme or scheme-relative.
@@ -79,7 +79,7 @@ def fetched(page: Path) -> list[str]:
     return parser.urls
 
 
-@slow
+@long_run
 def test_no_page_loads_anything_from_the_network(site: Path) -> None:
     pages = sorted(site.rglob("*.html"))
     assert len(pages) > 30, f"only {len(pages)} pages built"
@@ -97,7 +97,7 @@ def signatures(page: Path) -> list[str]:
     return [re.sub(r"<[^>]+>", "", block) for block in blocks]
 
 
-@slow
+@long_run
 def test_no_api_page_shows_a_private_name_in_a_signature(site: Path) -> None:
     pages = sorted((site / "reference" / "api").glob("*.html"))
     assert {p.stem for p in pages} >= {"models", "operators", "hf", "training"}
@@ -183,7 +183,7 @@ def _no_network_flags() -> list[str]:
             "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]
 
 
-@slow
+@long_run
 def test_search_answers_on_a_page_opened_from_disk_offline(site: Path,
                                                           tmp_path: Path) -> None:
     binary = find_chromium()

@@ -77,7 +77,7 @@ def dry_run(tmp_path_factory) -> tuple[dict, str, Path]:
 
 
 # the dry run (module fixture): 28-30 s on 2 idle cores, up to 57 s beside another test run
-@pytest.mark.slow(seconds=60)
+@pytest.mark.long(seconds=60)
 def test_dry_run_reports_every_stage(dry_run):
     report, markdown, out = dry_run
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
@@ -91,7 +91,7 @@ def test_dry_run_reports_every_stage(dry_run):
     assert markdown.startswith("# folnet GPU check (finished)")
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.long(seconds=60)
 def test_dry_run_ran_the_cuda_tests_in_rehearsal_mode(dry_run):
     stage = dry_run[0]["stages"]["cuda_tests"]
     tests = stage["tests"]
@@ -112,7 +112,7 @@ def test_dry_run_ran_the_cuda_tests_in_rehearsal_mode(dry_run):
     assert stage["running"] is None
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.long(seconds=60)
 def test_dry_run_benchmarks_are_measurements(dry_run):
     stages = dry_run[0]["stages"]
     train = stages["train_step"]
@@ -139,7 +139,7 @@ def test_dry_run_benchmarks_are_measurements(dry_run):
     assert gen["speedup"] == pytest.approx(gen["recomputed_ms"] / gen["cached_ms"])
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.long(seconds=60)
 def test_dry_run_counts_compiles_and_finds_the_largest_batch(dry_run):
     """The speed stage: the census beside BERT (no sync), the step eager and compiled beside
     BERT's (tokens/s and MFU from the same FLOPs), the batch doubled until it stops fitting
@@ -162,7 +162,7 @@ def test_dry_run_counts_compiles_and_finds_the_largest_batch(dry_run):
     assert all(_positive(r["fit_gib"]) for r in stage["largest"])
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.long(seconds=60)
 def test_dry_run_pretrains_in_both_precisions(dry_run):
     stage = dry_run[0]["stages"]["pretrain"]
     runs = {r["precision"]: r for r in stage["runs"]}
