@@ -1,7 +1,8 @@
 """The ``folnet`` command line: one sub-command per job, each a thin wrapper over the API.
 
-This module holds the command registry, the parsing and the commands a core install runs
-(``ops``, ``info``, ``convert``); the training commands register from ``folnet.train.*.cli``.
+This module holds the parsing, ``main`` and the commands a core install runs (``ops``,
+``info``, ``convert``, ``env``); the training commands register from ``folnet.train.*.cli``,
+all of them in the one registry of `folnet.commands`.
 
 Why registration is split from configuration: every command module is imported to list the
 commands, so importing one must be cheap (no torch, no training package). A command's options
@@ -14,63 +15,26 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from folnet import __version__
 from folnet.checksums import strict_checksums
+from folnet.commands import (
+    EXTRAS,
+    add_operators_flag,
+    commands,
+    register_command,
+    register_operator_file,
+)
 from folnet.errors import FolnetError, NonFiniteError, choices
 
-__all__ = ["EXTRAS", "Command", "DefaultsFormatter", "OneLineParser", "add_operators_flag",
-           "build_parser", "main", "missing_modules", "register_command",
-           "register_operator_file"]
-
-#: The optional extras of pyproject.toml and the modules folnet imports from each (module and
-#: distribution names are the same for all of them). A test keeps this equal to pyproject.
-EXTRAS: dict[str, tuple[str, ...]] = {
-    "train": ("datasets", "matplotlib", "tokenizers", "tqdm", "zstandard"),
-    "hf": ("accelerate", "peft", "transformers"),
-    "gpu": ("triton", "xformers"),
-    "cluster": ("submitit",),
-}
-
-# the modules whose import registers the training commands (ops, info and convert are here)
-_COMMAND_MODULES = ("folnet.train.pretrain.cli", "folnet.train.finetune.cli",
-                    "folnet.train.ablate.cli")
-
-
-@dataclass(frozen=True)
-class Command:
-    """A sub-command: ``configure(parser)`` declares its options, ``run(args)`` does it, and
-    ``requires`` names the optional modules ``run`` imports (checked before it starts)."""
-
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int | None]
-    requires: tuple[str, ...] = ()
-
-
-_COMMANDS: dict[str, Command] = {}
+__all__ = ["DefaultsFormatter", "OneLineParser", "build_parser", "main", "missing_modules"]
 
 DESCRIPTION = ("FOLNet (First-Order Logic Network): inspect operators and models, convert "
                "released checkpoints, pretrain, finetune, evaluate and run ablations.")
-
-
-def register_command(name: str, help_text: str,
-                     configure: Callable[[argparse.ArgumentParser], None],
-                     run: Callable[[argparse.Namespace], int | None], *,
-                     requires: Sequence[str] = ()) -> None:
-    """Add a sub-command. ``requires`` lists modules of `EXTRAS` that ``run`` needs; a missing
-    one stops the command with the extra to install instead of a traceback."""
-    unknown = sorted(set(requires) - {m for mods in EXTRAS.values() for m in mods})
-    if unknown:
-        raise FolnetError(f"register_command {name!r}: requires {unknown} are in no extra; "
-                          f"known: {sorted(m for mods in EXTRAS.values() for m in mods)}")
-    _COMMANDS[name] = Command(help_text, configure, run, tuple(requires))
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -87,26 +51,6 @@ class DefaultsFormatter(argparse.HelpFormatter):
                 or default is argparse.SUPPRESS or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)"
-
-
-def add_operators_flag(p: argparse.ArgumentParser) -> None:
-    """``--operators FILE`` on a command that builds or reads a model: the user's operators,
-    registered before the command runs (`register_operator_file`)."""
-    p.add_argument("--operators", metavar="FILE", default=None, dest="operator_file",
-                   help="a TOML file of your own operators ([[operator]] tables, as "
-                   "folnet/specs/operators.toml), registered before the command runs")
-
-
-def register_operator_file(args: argparse.Namespace) -> list[Any]:
-    """Register the operators of ``--operators FILE`` (if given); returns their specs."""
-    path = getattr(args, "operator_file", None)
-    if path is None:
-        return []
-    from folnet.ops.registry import ensure_registered, read_operator_file
-
-    specs = read_operator_file(path, what="--operators")
-    ensure_registered(specs, source=f"--operators {path!r}")
-    return specs
 
 
 def _ops_configure(p: argparse.ArgumentParser) -> None:
@@ -182,13 +126,13 @@ def _convert_run(args: argparse.Namespace) -> int:
     conversion was done for nothing."""
     from pathlib import Path
 
+    from folnet.arch.convert import load_official
     from folnet.arch.io.model_dir import is_sharded_checkpoint, save_pretrained
-    from folnet.arch.io.official import load_official
     from folnet.atomic_write import writing
 
     outdir = Path(args.outdir)
     if is_sharded_checkpoint(args.prefix):
-        from folnet.arch.io.sharded import convert_sharded
+        from folnet.arch.convert import convert_sharded
 
         with writing(outdir):
             convert_sharded(args.prefix, outdir)
@@ -221,9 +165,12 @@ register_command("convert", "convert a released FOLNet checkpoint (PREFIX.cfg/.p
 
 
 def _load_subcommands() -> None:
-    """Import the modules that register the other sub-commands (cheap: see the docstring)."""
-    for module in _COMMAND_MODULES:
-        importlib.import_module(module)
+    """Import the modules that register the training sub-commands (cheap: see the
+    docstring); imported here, not at the top, so that ``import folnet.cli`` stays light."""
+    # each registers its commands on import
+    import folnet.train.ablate.cli
+    import folnet.train.finetune.cli
+    import folnet.train.pretrain.cli  # noqa: F401
 
 
 def _extra_of(module: str) -> str:
@@ -282,8 +229,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 def unknown_command(word: str) -> str:
     """The one line for a command that does not exist, with the closest one."""
-    close = difflib.get_close_matches(word, list(_COMMANDS), n=1, cutoff=0.5)
-    hint = f"did you mean {close[0]!r}?" if close else f"use {choices(sorted(_COMMANDS))}"
+    close = difflib.get_close_matches(word, list(commands()), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}?" if close else f"use {choices(sorted(commands()))}"
     return f"folnet: error: unknown command {word!r}; {hint}"
 
 
@@ -304,7 +251,7 @@ def build_parser(command: str | None = None
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=OneLineParser)
     parsers = {}
-    for name, cmd in _COMMANDS.items():
+    for name, cmd in commands().items():
         parsers[name] = sub.add_parser(name, help=cmd.help, description=cmd.help,
                                        formatter_class=DefaultsFormatter)
         if command is None or name == command:
@@ -323,14 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
     _load_subcommands()
-    if command is not None and command not in _COMMANDS:
+    if command is not None and command not in commands():
         print(unknown_command(command), file=sys.stderr)
         return 2
     parser, parsers = build_parser(command or "")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the sub-command's usage, not the top-level one
         parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    cmd = _COMMANDS[args.command]
+    cmd = commands()[args.command]
     missing = missing_modules(cmd.requires)
     if missing:
         print(_missing_extra_message(args.command, missing), file=sys.stderr)

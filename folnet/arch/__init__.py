@@ -9,6 +9,7 @@ Data flows one way: operator string -> `ArchPlan` (`plan`) -> `DualStreamLayer`s
 from folnet.arch.build import build_model, from_pretrained, model_from_config
 from folnet.arch.config import KINDS, POSITIONS, PRESETS, ModelConfig
 from folnet.arch.config import preset as load_preset
+from folnet.arch.convert import load_official
 from folnet.arch.head_table import HEADS, Head, register_head
 from folnet.arch.heads import unregister_head
 from folnet.arch.info import model_info
@@ -21,7 +22,6 @@ from folnet.arch.io.model_dir import (
     run_checkpoints,
     save_pretrained,
 )
-from folnet.arch.io.official import load_official
 from folnet.arch.layer.memory import MEMORY_MODES, set_memory
 from folnet.arch.models import FolnetDecoderLM, FolnetEncoderDecoder, FolnetModel
 from folnet.arch.outputs import FolnetOutput, TextOutput

@@ -13,7 +13,7 @@ of the device's priority list (`folnet.ops.backends.PRIORITY`) that supports the
 operator at some query rows of a longer token domain (cached generation, a decoder's targets
 after the encoder's inputs). A model's layer compiles its operators with the model's ``dims``
 and hands them projected operands through `CompiledOperator.run` in the layout the selected
-backend asks for (`CompiledOperator.layouts`), folded projections included. Compiled operators
+backend asks for (`CompiledOperator.route`), folded projections included. Compiled operators
 are cached per (spec, backend, causal, dims), their contraction plans per shape.
 """
 
@@ -117,10 +117,6 @@ class CompiledOperator:
             layouts = self._layouts[backend.name] = {role: backend.layout(self, role)
                                                      for role in ROLES}
         return Route(backend, layouts)
-
-    def layouts(self, call: Call) -> dict[str, str]:
-        """How the selected backend wants the projected kernel and premise (`route`)."""
-        return dict(self.route(call).layouts)
 
     def explain(self, kernel: torch.Tensor, premise: torch.Tensor,
                 mask: torch.Tensor | None = None, *, rows: torch.Tensor | None = None) -> str:

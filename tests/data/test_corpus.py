@@ -15,12 +15,13 @@ from torch.utils.data import DataLoader
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from english import stdlib_docstrings, write_english_corpus
+
 from folnet.errors import FolnetError
 from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.corpus import PretrainingDataset, build_pretraining_dataset
 from folnet.train.data.documents import iter_documents, split_sentences
 from folnet.train.data.streaming import StreamingPretrainingDataset, iter_pretraining_examples
-from folnet.train.data.textsource import stdlib_docstrings, write_english_corpus
 from folnet.train.data.tokenizer import train_tokenizer
 
 STORY = re.compile(r"story (\d+) line (\d+) is here")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from english import write_english_corpus
 from torch.utils.data import DataLoader
 
 from folnet.errors import FolnetError
 from folnet.train.data.config import PretrainDataConfig
 from folnet.train.data.corpus import build_pretraining_dataset
 from folnet.train.data.masking import IGNORE_INDEX, PretrainingCollator, SpecialIds, mask_tokens
-from folnet.train.data.textsource import write_english_corpus
 from folnet.train.data.tokenizer import train_tokenizer
 
 

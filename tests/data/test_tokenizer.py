@@ -6,9 +6,9 @@ import json
 import random
 
 import pytest
+from english import stdlib_docstrings
 
 from folnet.errors import FolnetError
-from folnet.train.data.textsource import stdlib_docstrings
 from folnet.train.data.tokenizer import (
     SPECIAL_TOKENS,
     FolnetTokenizer,

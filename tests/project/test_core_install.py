@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from paths import ROOT
 
-from folnet.cli import EXTRAS
+from folnet.commands import EXTRAS
 from folnet.read_files import load as load_toml
 
 HIDDEN = ("tokenizers", "datasets", "transformers", "accelerate", "tqdm", "matplotlib",

@@ -274,6 +274,28 @@ def test_convert_of_a_pickle_that_is_no_state_dict_is_one_line(tmp_path, kind, c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("kind", ["object", "code"])
+def test_the_folnet_command_on_a_pickle_prints_one_line_and_nothing_of_torchs(tmp_path, kind):
+    """As a user runs it: a process of its own, where torch's warnings and its loader's
+    advice would reach stderr (pytest's capture of the in-process test above holds warnings
+    back)."""
+    prefix = released_prefix(tmp_path, "bad")
+    weights = Path(f"{prefix}.pt")
+    marker = tmp_path / "ran"
+    if kind == "object":
+        torch.save(Thing(), weights)
+    else:
+        weights.write_bytes(pickle.dumps(Unsafe(marker), protocol=2))
+    done = subprocess.run([sys.executable, "-m", "folnet", "convert", str(prefix),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "default"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("folnet convert: error: "), done.stderr
+    assert "weights_only=False" not in done.stderr and "WeightsUnpickler" not in done.stderr
+    assert not marker.exists()
+
+
 # -- 5. the --skip-bad-answers count ---------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from tolerances import assert_at_most
 
-from folnet.arch.io.sharded import read_sharded_model
+from folnet.arch.convert import read_sharded_model
 from folnet.cli import main
 from folnet.errors import FolnetError
 from folnet.train.engine.distributed import (

@@ -211,10 +211,11 @@ def unigram_entropy(dataset, collator) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_mlm_loss_falls_well_below_the_unigram_entropy_on_english(tmp_path):
+    from english import write_english_corpus
+
     from folnet.train.data.config import PretrainDataConfig
     from folnet.train.data.corpus import build_pretraining_dataset
     from folnet.train.data.masking import PretrainingCollator
-    from folnet.train.data.textsource import write_english_corpus
     from folnet.train.data.tokenizer import train_tokenizer
 
     corpus = write_english_corpus(tmp_path / "english.txt", max_bytes=1_500_000)

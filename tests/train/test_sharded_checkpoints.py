@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from tolerances import assert_at_most
 
 import folnet
+from folnet.arch.convert import read_sharded_model
 from folnet.arch.io.model_dir import SHARDS_DIR
-from folnet.arch.io.sharded import read_sharded_model
 from folnet.cli import main
 from folnet.errors import FolnetError
 from folnet.train.engine import step_checkpoints as ckpt

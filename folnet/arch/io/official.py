@@ -1,9 +1,10 @@
-"""Import checkpoints released with the FOLNet paper: ``NAME.cfg`` (JSON) + ``NAME.pt``.
+"""Read checkpoints released with the FOLNet paper: ``NAME.cfg`` (JSON) + ``NAME.pt``.
 
 The state dict is read with ``torch.load(weights_only=True)``, so no pickled code ever runs.
 Every released key is mapped onto our fused layout (docs/design.md section 4: per-operator
 Linears in the release, one fused projection per stream here); keys left over, keys missing and
-shape mismatches are errors that name the keys.
+shape mismatches are errors that name the keys. The model they load into is built above the
+models, in `folnet.arch.convert` (`load_official`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from folnet.arch.config import SIZE_LIMITS, ModelConfig, check_fields
 from folnet.arch.layer import DualStreamLayer
-from folnet.arch.models.encoder import FolnetModel
-from folnet.arch.sizes import check_memory, meta_model
 from folnet.errors import FolnetError
 from folnet.ops.registry import get_operator
 from folnet.read_files import read_json
@@ -143,7 +143,7 @@ class _ReleasedFields:
         return ".".join(parts)
 
 
-class _Source:
+class ReleasedWeights:
     """The released state dict with bookkeeping of which keys were used."""
 
     def __init__(self, sd: dict[str, torch.Tensor], where: str):
@@ -163,7 +163,8 @@ class _Source:
         return value
 
 
-def _map_layer(src: _Source, layer: DualStreamLayer, ours: str, theirs: str, out: dict) -> None:
+def _map_layer(src: ReleasedWeights, layer: DualStreamLayer, ours: str, theirs: str,
+               out: dict) -> None:
     """Fill the fused parameters of one of our layers from one released layer."""
     params = {n: p.detach().clone() for n, p in layer.named_parameters()}
     bias_pos = {"U": 0, "B": 0}
@@ -220,7 +221,7 @@ def _map_layer(src: _Source, layer: DualStreamLayer, ours: str, theirs: str, out
     out.update({f"{ours}{n}": p for n, p in params.items()})
 
 
-def _released_state(model: FolnetModel, src: _Source, head: str | None,
+def released_state(model: nn.Module, src: ReleasedWeights, head: str | None,
                     weights: Path) -> dict[str, torch.Tensor]:
     """Our state dict for ``model`` from the released one: every key mapped, every shape
     checked against the model's (which may be on the meta device: then only the checks run)."""
@@ -329,15 +330,10 @@ def _container_fault(weights: Path) -> str | None:
     return None
 
 
-def load_official(prefix: str | Path, *, head: str | None = "auto",
-                  backend: str = "auto") -> FolnetModel:
-    """Load ``prefix.cfg`` + ``prefix.pt`` (released format) into our model.
-
-    ``head="auto"`` picks the head the checkpoint carries (pretraining, mlm, classification or
-    none); pass a head name to insist on one, or None for the bare encoder (head keys are then
-    left unused, which is allowed). ``backend`` forces the operators' backend
-    (`folnet.ops.compiler.BACKEND_NAMES`).
-    """
+def read_released(prefix: str | Path, head: str | None, backend: str
+                  ) -> tuple[ModelConfig, ReleasedWeights, str | None, int]:
+    """``prefix.cfg`` and ``prefix.pt`` read and checked: the config (with ``backend``), the
+    weights, the head (``"auto"``: the one the weights carry) and the number of labels."""
     prefix = str(prefix)
     cfg, _raw = read_official_config(prefix + ".cfg")
     cfg = cfg.replace(backend=backend)
@@ -356,7 +352,7 @@ def load_official(prefix: str | Path, *, head: str | None = "auto",
         raise FolnetError(f"{weights}: expected a state dict of parameter names to tensors; "
                           f"entries {', '.join(odd[:8])}{' ...' if len(odd) > 8 else ''} are "
                           f"not named tensors")
-    src = _Source(sd, str(weights))
+    src = ReleasedWeights(sd, str(weights))
     rows = src.sd.get("folnet.encoder.word_embd.weight")
     if rows is not None and rows.shape[0] != cfg.padded_vocab:
         raise FolnetError(f"{weights}: word embedding has {rows.shape[0]} rows but vocab_size "
@@ -371,14 +367,4 @@ def load_official(prefix: str | Path, *, head: str | None = "auto",
         raise FolnetError(f"{weights}: classifier.weight has shape "
                           f"{tuple(sd['classifier.weight'].shape)}, expected (num_labels, D1)")
     num_labels = int(sd["classifier.weight"].shape[0]) if has_cls else 2
-    try:  # shapes only: every released key and shape is checked before anything is allocated
-        shell = meta_model(lambda: FolnetModel(cfg, head=head, num_labels=num_labels))
-    except FolnetError as exc:
-        raise FolnetError(f"{prefix}.cfg: {exc}") from None
-    _released_state(shell, src, head, weights)
-    check_memory(shell, cfg, f"{prefix}.cfg")
-    src.used.clear()
-    model = FolnetModel(cfg, head=head, num_labels=num_labels)
-    ours = _released_state(model, src, head, weights)
-    model.load_state_dict(ours, strict=True)
-    return model.eval()
+    return cfg, src, head, num_labels

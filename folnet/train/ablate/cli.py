@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from folnet.cli import add_operators_flag, register_command, register_operator_file
+from folnet.commands import add_operators_flag, register_command, register_operator_file
 from folnet.train.ablate.cluster import EXECUTORS
 
 

@@ -6,8 +6,8 @@ and optimiser state through torch.distributed.checkpoint, DCP: one file per rank
 trainer.pt (everything else of the trainer state, RNG states of every rank included, which are
 small and gathered) and checksums.json are rank 0's, as in a whole checkpoint
 (`folnet.train.engine.step_checkpoints`). The keys inside are described in
-`folnet.arch.io.sharded`, which also reads such a checkpoint on one process and converts it
-to a model directory.
+`folnet.arch.io.sharded`; `folnet.arch.convert` reads such a checkpoint on one process and
+converts it to a model directory.
 
 Why the save stays atomic: rank 0 names one temporary directory and tells every rank; all
 ranks write their shards into it; after a barrier rank 0 adds its files, checksums.json last,

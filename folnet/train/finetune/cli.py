@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from folnet.cli import add_operators_flag, register_command
+from folnet.commands import add_operators_flag, register_command
 from folnet.train.options import add_flags, given_flags
 
 

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from folnet.cli import register_command
+from folnet.commands import register_command
 from folnet.errors import FolnetError
 from folnet.train.options import add_flags, given_flags
 

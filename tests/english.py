@@ -1,4 +1,4 @@
-"""A real-English corpus for tests and demos, built from what this machine already has.
+"""A real-English corpus for the tests, built from what this machine already has.
 
 Tests of tokenisation and masking statistics are only meaningful on natural text (Zipfian word
 frequencies, real sentence lengths), yet the project cannot ship a book or fetch one. Every
