@@ -27,13 +27,14 @@ PATTERNS = {
     # "is used to compute" says what a thing is for, not what the code once did
     "history": re.compile(r"\b(?:as before|(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bbeen )"
                           r"(?<!\bbeing )used to|no longer|previously|formerly|than before"
+                          r"|once\s+(?:was|were|used|did|had|took|ran)"
                           r"|were\b[^.;:]{0,60}?\bbefore)\b", re.IGNORECASE),
     # a figure with a time unit: "2.05 s", "37 ms", "205 us", "1.2s"; not "the 10^5s"
     "timing": re.compile(r"(?<![\w.^])\d+(?:[.,]\d+)?\s?(?:ms|us|µs|s|secs?|seconds?"
                          r"|minutes?|mins?|hours?)\b", re.IGNORECASE),
     "ratio": re.compile(r"\d+(?:\.\d+)?\s?(?:x|×|%|\s+times)\s+(?:faster|slower|quicker"
-                        r"|longer|shorter|more|less|fewer|higher|lower|larger|smaller)\b",
-                        re.IGNORECASE),
+                        r"|longer|shorter|more|less|fewer|higher|lower|larger|smaller"
+                        r"|the\s+(?:cost|time|speed))\b", re.IGNORECASE),
     "measured": re.compile(r"\bmeasured\b", re.IGNORECASE),
 }
 #: A duration a parameter defaults to ("30 minutes by default", "default 300 s") is the
@@ -94,13 +95,15 @@ def test_a_note_is_caught(tmp_path):
         '"""Blocked (measured on an H200, 2026-11-27: 11x\nslower), as before."""\n'
         "X = 1  # took 2.05 s against 1.40 s at f00006c\n"
         "#: the step used to\n#: take 37 ms; 20% faster than a copy\n"
-        "def f():\n    '''Ran 3x faster since 1b29dee.'''\n", encoding="utf-8")
+        "def f():\n    '''Ran 3x faster since 1b29dee, ~50x the cost of an add, as it once\n"
+        "    was.'''\n", encoding="utf-8")
     assert notes([noted], tmp_path) == [
         "noted.py:1: 11x slower", "noted.py:1: 2026-11", "noted.py:1: measured",
         "noted.py:2: as before",
         "noted.py:3: 1.40 s", "noted.py:3: 2.05 s", "noted.py:3: at f00006c",
         "noted.py:4: used to", "noted.py:5: 20% faster", "noted.py:5: 37 ms",
-        "noted.py:7: 3x faster", "noted.py:7: since 1b29dee"]
+        "noted.py:7: 3x faster", "noted.py:7: 50x the cost", "noted.py:7: once was",
+        "noted.py:7: since 1b29dee"]
 
 
 def test_what_is_not_a_note_passes(tmp_path):
