@@ -92,7 +92,8 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
     Remembered per (file, size, modification time) within the process: a run checks a model
     directory where it starts and again where it reads the weights, and hashing a base model
-    twice would cost ~0.5 s for nothing; any change to the file changes the key."""
+    twice would cost time for nothing (docs/results/measurements.md); any change to the file
+    changes the key."""
     info = os.stat(path)
     key = (os.path.realpath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     known = _DIGESTS.get(key)

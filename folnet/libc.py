@@ -43,13 +43,11 @@ def release_free_memory() -> bool:
 
     Why it exists: with the heap kept (`folnet.runtime.tune_cpu_allocator`), freed blocks are
     reused, but the holes that tensors of different sizes leave grow the heap step after
-    step -- measured on the tiny preset at 32 sequences per micro-batch with gradient
-    accumulation: 1.9 GiB after the first step, 2.4 GiB after the seventh, 4.8 GiB after the
-    twentieth. A run that must stay inside a memory budget calls this when its resident
-    memory passes the budget: the next step faults the returned pages in again (a cost paid
-    only then). The ``"tight"`` memory mode (`folnet.arch.layer.memory`) calls it before and
-    after each recomputed mixer stage's backward pass. Returns whether anything could be
-    asked (False off glibc)."""
+    step (docs/results/measurements.md). A run that must stay inside a memory budget calls
+    this when its resident memory passes the budget: the next step faults the returned pages
+    in again (a cost paid only then). The ``"tight"`` memory mode (`folnet.arch.layer.memory`)
+    calls it before and after each recomputed mixer stage's backward pass. Returns whether
+    anything could be asked (False off glibc)."""
     trim = libc_function("malloc_trim")
     if trim is None:
         return False

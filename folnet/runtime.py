@@ -4,19 +4,19 @@ deterministic mode set without paying for it when it does not change (`determini
 The binary stream's tensors are tens to hundreds of MiB each (B x T x T x channels). glibc
 serves allocations above its mmap threshold (at most 32 MiB) with fresh ``mmap`` pages and
 unmaps them on free, so every such tensor is page-faulted and zeroed by the kernel again on
-every use: measured here, that made a training step 2-2.5x slower (an exact-GELU pass over
-B x T x T x F2 took 32 ms instead of 18). `tune_cpu_allocator` tells glibc to serve everything
-from its heap and to keep freed memory for reuse. Freed memory is then not returned to the
-operating system until the process ends -- right for a training or benchmark process, which is
-why the CLI commands call it and the library does not do it on import.
+every use, which makes a training step much slower (docs/results/measurements.md).
+`tune_cpu_allocator` tells glibc to serve everything from its heap and to keep freed memory for
+reuse. Freed memory is then not returned to the operating system until the process ends --
+right for a training or benchmark process, which is why the CLI commands call it and the
+library does not do it on import.
 
 Long sequences are the exception. From `folnet.arch.layer.memory.AUTO_MIN_T` tokens on the layers
 run in row blocks: few large tensors (the binary stream, B x T x T x D2), many small per-block
 ones, and on one heap the small ones settle into the holes the large ones leave, so the heap
-grew to 2-3x the tensors alive at once (small preset, T = 512, batch 2: 1,739 MiB of heap for
-806 MiB of live tensors; base preset, T = 512, batch 1: 5,364 MiB). A process told its sequence
-length (``seq_len``) therefore gives allocations of `LARGE_ALLOCATION` bytes and more their own
-pages, returned when freed, as glibc does by default -- the per-block ones stay on the heap.
+grows well beyond the tensors alive at once (docs/results/measurements.md). A process told its
+sequence length (``seq_len``) therefore gives allocations of `LARGE_ALLOCATION` bytes and more
+their own pages, returned when freed, as glibc does by default -- the per-block ones stay on
+the heap.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 from folnet.arch.layer.memory import AUTO_MIN_T
 from folnet.libc import libc_function, release_free_memory, resident_bytes
 
-# (release_free_memory and resident_bytes live in the leaf `folnet.libc` and stay importable
-# from here, where they were first documented)
+# (release_free_memory and resident_bytes live in the leaf `folnet.libc`; importable from here
+# too, beside the allocator settings they go with)
 __all__ = ["LARGE_ALLOCATION", "deterministic_algorithms", "release_free_memory",
            "resident_bytes", "tune_cpu_allocator"]
 
@@ -57,7 +57,7 @@ def tune_cpu_allocator(seq_len: int | None = None) -> bool:
     if mallopt is None:
         return False
     # One arena: with per-thread arenas and mmap off, allocations made on OpenMP worker
-    # threads took a pathological slow path (a tiny model's step went from 0.11 s to 4 s).
+    # threads take a pathological slow path, many times slower (docs/results/measurements.md).
     if long:
         pages = (mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION) == 1
                  and mallopt(_M_MMAP_MAX, 1 << 24) == 1)
@@ -70,9 +70,9 @@ def tune_cpu_allocator(seq_len: int | None = None) -> bool:
 
 def deterministic_algorithms(enabled: bool, warn_only: bool = False) -> None:
     """``torch.use_deterministic_algorithms(enabled, warn_only=warn_only)``, skipped when torch
-    is in that mode already: torch's first call imports its compiler stack (1.0 s measured), which
-    every `folnet pretrain` and every seed process of ``folnet ablate --jobs`` paid to set the
-    default it already had."""
+    is in that mode already: torch's first call imports its compiler stack, a start-up cost
+    (docs/results/measurements.md) that every `folnet pretrain` and every seed process of
+    ``folnet ablate --jobs`` would pay to set the default it already has."""
     now = (torch.are_deterministic_algorithms_enabled(),
            torch.is_deterministic_algorithms_warn_only_enabled())
     if now[0] == enabled and (not enabled or now[1] == warn_only):

@@ -14,9 +14,9 @@ A module torch's dynamic quantization swapped in (``torch.ao.nn.quantized.dynami
 whose ``weight`` is a method returning int8 values and their scale, its bias one returning
 floats), or folnet's own quantized fused projections (`folnet.arch.quantize`), is read as its
 dequantized weight: the int8 values times their scale, contracted in float32. The binary
-stream's products are tall and thin, where torch's dynamic int8 GEMM measured 1.1-2.3x slower
-than oneDNN's float32 on this CPU (and running the unary projection's in int8 gained ~3%, within
-the noise, on a small-preset forward). A fused projection that a torch quantization pass left
+stream's products are tall and thin, where torch's dynamic int8 GEMM is slower than oneDNN's
+float32 on the CPU tried, and running the unary projection's in int8 gains nothing beyond the
+noise (docs/results/measurements.md). A fused projection that a torch quantization pass left
 float is refused (`folnet.arch.layer.slots`).
 
 An adapter's dropout acts on a module's input, which these contractions never form on its

@@ -206,7 +206,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["operators"] = [dict(t) for t in self.operators]
-        if data["vocab_multiple"] == 8:  # the default: config.json as before the field was
+        if data["vocab_multiple"] == 8:  # the default: left out, as in files that predate it
             del data["vocab_multiple"]
         return data
 

@@ -67,9 +67,9 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor,
     names it, or None to tell it by the labels' form as transformers does: one output is
     regression (MSE against float targets), integer labels (B,) are single-label
     (cross-entropy, -100 ignored), float labels (B, C) are multi-label (binary cross-entropy
-    with logits, one yes/no per class). Float labels for several classes used to go to the
-    cross-entropy, which read them as a distribution over the classes -- another loss,
-    silently."""
+    with logits, one yes/no per class). Told by their form, float labels for several classes
+    never go to the cross-entropy, which would read them as a distribution over the classes --
+    another loss, silently."""
     if problem_type is None:
         problem_type = ("regression" if logits.shape[-1] == 1 else
                         "multi_label_classification" if labels.is_floating_point() else

@@ -5,11 +5,11 @@ FLOPs come from ``torch.utils.flop_counter`` over a forward (and forward+backwar
 meta tensors, activation memory from the tensors autograd saves for the backward pass.
 
 The sequence length is bounded (`check_seq_len`): by the model's ``max_positions`` where it
-has an absolute-position table (no longer sequence can run), and by `MAX_INFO_SEQ_LEN` for
+has an absolute-position table (a longer sequence cannot run), and by `MAX_INFO_SEQ_LEN` for
 every model. Why the second bound: nothing is allocated, but the blocked estimate runs
 (T / 256)^2 row blocks per layer (`folnet.arch.layer.memory.BLOCK_PAIRS`), minutes at the bound and
-hours at 32k; and at T = 10^9 the size of one B x T x T x D2 meta tensor no longer fits a
-64-bit integer, which torch reported as "Storage size calculation overflowed".
+hours at 32k; and at T = 10^9 the size of one B x T x T x D2 meta tensor does not fit a
+64-bit integer, which torch reports as "Storage size calculation overflowed".
 """
 
 from __future__ import annotations

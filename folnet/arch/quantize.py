@@ -16,9 +16,10 @@ What then runs in int8: the modules a layer calls (the unary output ``out_u``, t
 ``cross_*``, the heads) run torch's dynamic int8 product. The ones it reads as weights -- folded
 into an einsum, cut into segments, inside the binary FFN kernel -- read the dequantized weight
 (the int8 values times their scale) and compute in float32: the binary stream's products are
-tall and thin (B T^2 rows, tens of columns), where the int8 product measured 1.1-2.3x slower
-than oneDNN's float32 on this CPU (`folnet.arch.adapters`). benchmarks/quantize.py measures
-the model's agreement with float32 and its speed, beside a BERT quantized the same way.
+tall and thin (B T^2 rows, tens of columns), where the int8 product is slower than oneDNN's
+float32 on the CPU tried (`folnet.arch.adapters`, docs/results/measurements.md).
+benchmarks/quantize.py measures the model's agreement with float32 and its speed, beside a
+BERT quantized the same way.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     linears = mapping is None or nn.Linear in mapping
     for parent, name, module, qconfig in list(_fused(model, spec)):
         wanted = qconfig is not None and (linears or type(module) in mapping)
-        if not wanted:  # left float on purpose: no longer a module torch skipped
+        if not wanted:  # left float on purpose, not a module torch skipped: drop the mark
             module.__dict__.pop("left_float", None)
             continue
         parent._modules[name] = _QUANTIZED[type(module)].from_fused(module, qconfig)

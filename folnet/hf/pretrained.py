@@ -136,8 +136,9 @@ class FolnetPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args: Any, **kwargs: Any):
         """transformers' loading, then every weight copied out of the file mapping: safetensors
         offsets leave mapped tensors unaligned, and the CPU matrix kernels then take other code
-        paths that round differently (measured: ~1e-7 off the native model's outputs). With
-        ``output_loading_info=True`` the answer is (model, info), as transformers gives it."""
+        paths that round differently, off the native model's outputs by a float32 rounding
+        error (docs/results/measurements.md). With ``output_loading_info=True`` the answer is
+        (model, info), as transformers gives it."""
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
             verify_model_dir(source)  # config, weights and tokenizer against checksums.json

@@ -162,8 +162,9 @@ def load_layered(cls: type[ConfigT], defaults: Path, path: str | os.PathLike[str
 
     Options are flat keys; the fields named in ``tables`` are TOML tables (``[model]``) whose
     keys merge one by one across layers. Each layer is checked as it is added, so an unknown
-    key names the file it came from -- but for the recorded options, where a key an earlier
-    folnet wrote and this one no longer has is left out (it cannot be honoured either way).
+    key names the file it came from -- but for the recorded options, where a key another
+    folnet version wrote and this one does not have is left out (it cannot be honoured either
+    way).
     """
     layers: list[tuple[str, Mapping[str, Any]]] = [(str(defaults), read_toml(defaults))]
     if recorded is not None:

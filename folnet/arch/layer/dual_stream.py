@@ -313,9 +313,10 @@ class DualStreamLayer(nn.Module):
             if recording and op.spec.activation == "softmax":
                 routes[i] = op.route_by(BACKENDS["einsum"])
                 continue
-            # rpe*'s static terms dominate its layers' cost (the fused path measured 1.02x
-            # there): they keep every kernel and premise materialised, as before. A block of a
-            # bidirectional square's rows is a plain rectangular call: no mask runs along rows
+            # rpe*'s static terms dominate its layers' cost, so fusing gains next to nothing there
+            # (docs/results/measurements.md): they keep every kernel and premise materialised.
+            # A block of a bidirectional square's rows is a plain rectangular call: no mask runs
+            # along rows
             routes[i] = op.route(op.call(n2, padded=domain.pad is not None,
                                          rows=domain.rows is not None,
                                          requires_grad=torch.is_grad_enabled(),

@@ -25,9 +25,9 @@ class UnaryFFN(nn.Module):
 
 class BinaryFFN(nn.Module):
     """The binary Boolean stage: ``[u2(x,y), u2(y,x)] -> Linear -> GELU -> Linear`` plus a skip
-    Linear of ``u2(y,x)``. (Measured on CPU: the explicit concatenation beats computing the
-    transposed half as a transposed GEMM output -- strided adds over B x T x T x F2 cost more
-    than the copy.)"""
+    Linear of ``u2(y,x)``. The concatenation is explicit: on a CPU the copy costs less than
+    computing the transposed half as a transposed GEMM output, whose strided adds run over
+    B x T x T x F2 (docs/results/measurements.md)."""
 
     def __init__(self, d2: int, f2: int):
         super().__init__()

@@ -11,11 +11,9 @@ for the backward pass, never the function computed -- so it is set on a built mo
 
 * ``"auto"`` (default): on a CPU, blocked from `AUTO_MIN_T` tokens on, the full square below
   (where the full square's fused CPU kernels are faster and its memory small) and while
-  tracing; on any other device the full square. Measured on an H200 (benchmarks/gpu_check.py,
-  2026-11-27): blocks of `BLOCK_PAIRS` made a base-preset layer at T = 512 11x slower than the
-  full square and a small-preset training step at T = 512, batch 32, 100x slower -- each
-  block's kernels are too small to fill a GPU -- while the full square fitted with room to
-  spare. A run whose square does not fit asks for ``"blocked"``;
+  tracing; on any other device the full square: each block's kernels are too small to fill a
+  GPU, so there blocks cost a layer far more time than the memory they save is worth
+  (docs/results/measurements.md). A run whose square does not fit asks for ``"blocked"``;
 * ``"full"``: always the full square;
 * ``"blocked"``: always blocked, ``block_rows`` rows at a time, by default as many rows as
   make `BLOCK_PAIRS` token pairs (batch x rows x columns) per block for that stage;
@@ -24,10 +22,8 @@ for the backward pass, never the function computed -- so it is set on a built mo
   free pages handed back to the operating system (`folnet.libc.release_free_memory`) before
   each recomputed mixer stage's forward pass and before and after its backward pass. What a
   step keeps beyond its tensors on a CPU is heap: freed blocks between tensors of other sizes,
-  which the smaller blocks make smaller and the release returns. Measured (T = 512, batch 2,
-  checkpointed, `benchmarks/long_memory.py`, AMD EPYC, 2026-11-29; docs/figures/
-  memory-modes-epyc): the resident peak above steady from 10.6-11.4 U to 7.0-7.4 U on the
-  small preset, from 20.1-21.8 U to 15.4-15.6 U on the base one, at 1.25-1.3x the step's time.
+  which the smaller blocks make smaller and the release returns. Together they lower a long
+  step's resident peak, for a slower step (docs/results/measurements.md).
 """
 
 from __future__ import annotations
@@ -46,18 +42,15 @@ MEMORY_MODES = ("auto", "full", "blocked", "tight")
 #: Sequence length from which ``"auto"`` blocks.
 AUTO_MIN_T = 256
 #: Token pairs per block unless told otherwise, per stage: the FFN's pairs carry its hidden
-#: layer, wider than a mixer block's channels (small preset, T = 512, batch 2: 64 mixer rows
-#: and 32 FFN rows per block; 128 mixer rows or 64 FFN rows measured a higher peak, 32 mixer
-#: rows a slower step and 16 FFN rows no lower peak).
+#: layer, wider than a mixer block's channels, so its blocks hold half as many. Larger blocks
+#: raise a long step's peak; smaller mixer blocks slow the step, and smaller FFN blocks do not
+#: lower the peak (docs/results/measurements.md).
 BLOCK_PAIRS = {"mixer": 1 << 16, "ffn": 1 << 15}
-#: The ``"tight"`` mode's token pairs per block: a quarter of `BLOCK_PAIRS` in both stages
-#: (small preset, T = 512, batch 2: 16 mixer rows, 8 FFN rows). Measured there with the heap
-#: released (MiB above steady, step seconds, AMD EPYC, 2026-11-29, one process each): mixer/FFN
-#: rows 64/32 588-602 (8.6-8.8 s), 16/32 486-495 (10.4 s), 32/16 508-523 (9.1-9.5 s), 16/16
-#: 449-476 (10.4-10.7 s), 16/8 448-453 (10.2-10.6 s, six rounds), 16/4 449-461 (10.2-10.8 s);
-#: 64/32 without the release 697-713 (8.2-8.4 s). Each mixer block reads ``t``'s premise whole
-#: and adds into its full-size gradient sink, so small mixer blocks cost time in full-square
-#: passes; the FFN's blocks read slabs only.
+#: The ``"tight"`` mode's token pairs per block: a quarter of `BLOCK_PAIRS` in both stages,
+#: the sizes tried with the lowest peak when the heap is released; smaller FFN blocks do not
+#: lower it further (docs/results/measurements.md). Each mixer block reads ``t``'s premise
+#: whole and adds into its full-size gradient sink, so small mixer blocks cost time in
+#: full-square passes; the FFN's blocks read slabs only.
 TIGHT_PAIRS = {"mixer": 1 << 14, "ffn": 1 << 13}
 
 

@@ -92,7 +92,8 @@ class FolnetBase(nn.Module):
     def reset_parameters(self) -> None:
         """BERT-style init: N(0, initializer_range) weights and embeddings, zero biases. A
         model on the meta device (built for its shapes, `folnet.arch.sizes`) has no values to
-        set; skipping it keeps that build fast (meta normal_ is ~10x slower than the rest)."""
+        set; skipping it keeps that build fast (on the meta device ``normal_`` costs more than
+        the rest of the build, docs/results/measurements.md)."""
         initialise(self.named_parameters(), self.cfg.initializer_range)
 
     def set_activation_checkpointing(self, enabled: bool = True) -> None:

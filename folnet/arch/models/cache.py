@@ -10,8 +10,8 @@ projections indexed by positions other than the query (see `folnet.arch.layer.du
 * binary: the premise rows v(a, :) of ``t`` (the only built-in operator that reads binary rows
   other than the query's), multiplied by the visibility and stored channel-first,
   ``(B, Wb, capacity, capacity)``: each channel's (n, n) block then has unit stride along a
-  row, and ``t``'s batched matrix product reads it in place (with the channels last it gathers
-  every block through a stride-Wb copy, ~20x slower at n = 500).
+  row, and ``t``'s batched matrix product reads it in place (with the channels last it would
+  gather every block through a stride-Wb copy, much slower: docs/results/measurements.md).
 
 For an encoder-decoder the first N rows hold the projected encoder atoms. Both buffers are
 allocated once for the whole generation and filled row by row, so a step costs one row's work

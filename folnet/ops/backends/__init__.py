@@ -22,11 +22,11 @@ BACKENDS: dict[str, Backend] = {
 #: (einsum supports every call). On CUDA xformers first for the operators it fits, then
 #: einsum: SDPA takes its math path there (its fused kernels refuse the operators' permuted
 #: bias, docs/gpu/), which adds a product of zero queries and keys to einsum's softmax and
-#: product -- 76 of a tiny step's launches. The fused path has not been measured on a GPU:
-#: name it, e.g. backend="xformers,fused", to try it.
-#: On CPU the fused contraction first: benchmarks/ops.py measured SDPA's math path (taken
-#: whenever the bias needs a gradient) slower than einsum for j and t, and a jmc.atp training
-#: step with SDPA for j, m, c, t took 2.05 s against the fused path's 1.40 s.
+#: product: launches einsum does not make. The fused path is not in the GPU's order, having
+#: no GPU timing to support it: name it, e.g. backend="xformers,fused", to try it.
+#: On CPU the fused contraction first: SDPA's math path (taken whenever the bias needs a
+#: gradient) is slower than einsum for j and t, and slower than the fused path over a whole
+#: training step (docs/results/measurements.md).
 PRIORITY: dict[str, tuple[str, ...]] = {
     "cuda": ("xformers", "einsum", "sdpa"),
     "cpu": ("fused", "einsum", "sdpa"),

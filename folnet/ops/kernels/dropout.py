@@ -1,19 +1,19 @@
 """Dropout for the binary stream's hot path: a cheaper keep mask on the CPU, torch's own
 kernel on CUDA.
 
-``F.dropout`` draws one float per element through ``bernoulli_``; on a 2-core CPU that is ~50x
-the cost of an add, and the binary stream (B x T x T x D2) gets dropout twice per layer. Here the
-keep mask comes from 64-bit random words cut into four 15-bit lanes (one RNG call per four
-elements) compared against ``p * 2**15``; the mask is stored as bool (1 byte per element) for the
-backward pass. The draw uses torch's default generator, so seeding and RNG-state checkpoints
-cover it. Every device draws this way: the row-blocked path draws its masks with `keep_mask`
-(one per block, then handed in), so the whole square must draw the same masks for the memory
-mode never to change the function computed -- on CUDA it once used ``F.dropout`` and did not.
+``F.dropout`` draws one float per element through ``bernoulli_``; on a CPU that costs many
+times an add (docs/results/measurements.md), and the binary stream (B x T x T x D2) gets
+dropout twice per layer. Here the keep mask comes from 64-bit random words cut into four 15-bit
+lanes (one RNG call per four elements) compared against ``p * 2**15``; the mask is stored as
+bool (1 byte per element) for the backward pass. The draw uses torch's default generator, so
+seeding and RNG-state checkpoints cover it. Every device draws this way: the row-blocked path
+draws its masks with `keep_mask` (one per block, then handed in), so the whole square must draw
+the same masks for the memory mode never to change the function computed.
 
 On CUDA (`folnet.ops.kernels.device.kernel_device`) `dropout` and `dropout_add` call torch's
 fused dropout instead (``native_dropout``, what ``F.dropout`` runs on CUDA, called by name so
 that an emulated CUDA step on a CPU counts the same: one kernel forward, one backward, where
-the keep mask took seven launches): there the row blocks, when forced, draw their own masks,
+the keep mask takes seven launches): there the row blocks, when forced, draw their own masks,
 so blocks and the whole square drop elements alike in distribution, not bit for bit;
 `portable_masks`
 makes every device draw the keep masks (the tests that compare the two memory modes under
@@ -175,8 +175,8 @@ def _check_vmap(p: float) -> None:
 
 
 def masked_scale(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """``x * mask * scale`` in x's dtype; ``where`` + an in-place scale measured ~15% faster
-    than the two products (no float copy of the bool mask)."""
+    """``x * mask * scale`` in x's dtype, as ``where`` + an in-place scale: faster than the two
+    products, with no float copy of the bool mask (docs/results/measurements.md)."""
     return torch.where(mask, x, 0.0).mul_(scale)
 
 
@@ -253,10 +253,10 @@ def dropout(x: torch.Tensor, p: float, training: bool, *, redraw: bool = False
             ) -> torch.Tensor:
     """Inverted dropout with a `keep_mask`. ``redraw``: keep the generator state for the
     backward pass, not the mask, which it draws again -- a quarter of x's float32 bytes
-    fewer held between the passes, for a second draw (measured 37 ms for 2^24 elements on
-    one core of a 2-core Xeon); taken where memory is what a run asked to save (activation
-    checkpointing), never under a torch.func transform or while tracing. Both give the
-    same bits and leave the generator in the same state."""
+    fewer held between the passes, for the time of a second draw
+    (docs/results/measurements.md); taken where memory is what a run asked to save
+    (activation checkpointing), never under a torch.func transform or while tracing. Both
+    give the same bits and leave the generator in the same state."""
     if not training or p == 0.0:
         return x
     if native(x.device):

@@ -1,13 +1,14 @@
 """Matrix products for the binary stream's big activations on the CPU.
 
-The binary stream's products are tall and thin (B*T*T rows, tens of columns). On this CPU
-oneDNN ran them 1.2-2x faster than the default BLAS, and a weight gradient over 10^5 rows ran
-faster cut into one slice per thread (`wgrad`). `segmented_linear` projects one input onto
-several row-segments of a weight, each in the layout its consumer wants, with a backward that
-accumulates into one input gradient. Everything falls back to plain ``F.linear`` off the CPU
-fast path (other devices, dtypes oneDNN lacks here, torch.compile tracing, torch.func
-transforms). The autograd Functions compose with torch.func (``grad``, ``vmap``, ``jacrev``):
-their gradients are built out of place under a transform (`folnet.ops.kernels.functorch`).
+The binary stream's products are tall and thin (B*T*T rows, tens of columns). On the CPU tried,
+oneDNN runs them faster than the default BLAS, and a weight gradient over 10^5 rows runs
+faster cut into one slice per thread (`wgrad`; docs/results/measurements.md).
+`segmented_linear` projects one input onto several row-segments of a weight, each in the layout
+its consumer wants, with a backward that accumulates into one input gradient. Everything falls
+back to plain ``F.linear`` off the CPU fast path (other devices, dtypes oneDNN lacks here,
+torch.compile tracing, torch.func transforms). The autograd Functions compose with torch.func
+(``grad``, ``vmap``, ``jacrev``): their gradients are built out of place under a transform
+(`folnet.ops.kernels.functorch`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 def wgrad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """``g2.T @ x2`` for a weight gradient: (P, C) and (P, D) -> (C, D), P in the 10^5s.
 
-    The BLAS runs this reduction over a huge inner dimension at 40-70% of its usual rate on
-    this CPU (a transposed operand and one output tile shared by all threads). Cutting P into
-    one slice per thread and summing the slices' products (a batched GEMM) measured 1.2-1.4x
-    faster in float32 for the binary stream's shapes.
+    The BLAS runs this reduction over a huge inner dimension well below its usual rate (a
+    transposed operand and one output tile shared by all threads). Cutting P into one slice per
+    thread and summing the slices' products (a batched GEMM) is faster in float32 for the binary
+    stream's shapes (docs/results/measurements.md).
     """
     rows = g2.shape[0]
     k = torch.get_num_threads()
@@ -108,8 +109,8 @@ def mm_linear(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
 
 class _Linear(torch.autograd.Function):
     """``x @ w.T + b`` with the two products that read the big activation (the forward and
-    the input gradient) on oneDNN, which measured 1.2-2x faster than the default BLAS on the
-    binary stream's tall-and-thin shapes (B*T*T rows, tens of columns) on this CPU. Plain
+    the input gradient) on oneDNN, faster than the default BLAS on the binary stream's
+    tall-and-thin shapes (B*T*T rows, tens of columns; docs/results/measurements.md). Plain
     products under vmap, so torch.func generates its vmap rule."""
 
     generate_vmap_rule = True
@@ -231,7 +232,8 @@ class _SegmentedLinear(torch.autograd.Function):
                           else gx.baddbmm(g3.transpose(1, 2), w3))
                     grad_x = gx.view(-1, D)
                 gw = torch.matmul(g3, x.reshape(B, P, D)).sum(0)
-                # 6x faster in bf16 than one sum over (0, 2)
+                # two sums: in bf16 much faster than one over (0, 2)
+                # (docs/results/measurements.md)
                 gb = g3.sum(2).sum(0) if grad_b is not None else None
             grad_w = _put(grad_w, start, gw, inplace)
             if gb is not None:

@@ -1,6 +1,6 @@
 """Is a corpus file text? The checks that keep binary data and wrongly decoded text out of a run.
 
-Two things are measured, in characters, as the corpus is read:
+Two things are counted, in characters, as the corpus is read:
 
 * characters that are not text: control characters other than tab, line and page breaks
   (C0 and C1 controls, DEL), and U+FFFD, the replacement character that stands for bytes some
@@ -8,12 +8,13 @@ Two things are measured, in characters, as the corpus is read:
 * bytes that ``--encoding`` (default utf-8) cannot decode.
 
 Why: random or binary bytes read as text decode to a stream of control characters and
-undecodable bytes, and the tokenizer's normaliser silently drops both, so such a file trained
-on whatever was left (a run over random bytes learnt a vocabulary of 3,213 "words"). The rules:
+undecodable bytes, and the tokenizer's normaliser silently drops both, so such a file would
+train on whatever is left, and a tokenizer trained on it learns the fragments as words
+(docs/results/measurements.md). The rules:
 
 * up to `MAX_BAD_SHARE` (1%) of a file's characters may be control characters -- a stray NUL or
   bell is a flaw of real text, and the normaliser drops it; beyond that the file is refused as
-  "not text", naming the share measured;
+  "not text", naming the share found;
 * an undecodable byte is never tolerated: the text it belonged to would be lost without a word
   (Latin-1 "café" read as UTF-8 becomes "caf"), so one is an error naming the file, the line,
   the share of such bytes and ``--encoding``.
@@ -223,9 +224,9 @@ def check_json_depth(path: Path, encoding: str = "utf-8", what: str = "corpus fi
     levels deep (see the module docstring for why).
 
     A line nests at most as deep as it has opening brackets, so only a line with more than
-    `MAX_JSON_DEPTH` of them is measured exactly (strings skipped); a stretch of the file with
-    fewer costs two byte counts. Each byte is read once and a line longer than a read is
-    joined once, so a file on one line (a whole JSON array) costs linear time. Text in an
+    `MAX_JSON_DEPTH` of them has its depth counted exactly (strings skipped); a stretch of the
+    file with fewer costs two byte counts. Each byte is read once and a line longer than a read
+    is joined once, so a file on one line (a whole JSON array) costs linear time. Text in an
     encoding other than UTF-8 is decoded and counted as UTF-8, where no byte of a multi-byte
     character can pass for a bracket."""
     utf8 = is_utf8(encoding)

@@ -24,10 +24,9 @@ pairs; changing `seq_len` re-pairs without re-tokenising.
 
 Why flat memory-mapped `.npy` arrays (tokens, offsets, segment-A lengths, labels) and not a
 `datasets` Arrow table: examples are read one at a time in random order, and there the arrays
-are 7x faster than `load_from_disk` rows and 40x faster than its numpy format
-(`benchmarks/example_store.py`: 4.8 vs 35.6 vs 205 us per example, 50,000 examples); at 256
-examples a step that is 1 ms against 9 ms of data loading per step. Reading the corpus itself
-goes through `datasets` (`folnet.train.data.sources`).
+are several times faster than `load_from_disk` rows, and faster still than its numpy format
+(`benchmarks/example_store.py`, docs/results/measurements.md). Reading the corpus itself goes
+through `datasets` (`folnet.train.data.sources`).
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ No sentence is longer than `MAX_SENTENCE_CHARS` characters: a longer one is cut 
 pieces of at most that length (consecutive "sentences" of the document), and a run of more
 than that many characters with no whitespace at all is cut every `MAX_SENTENCE_CHARS`
 characters, with a warning naming the file (WordPiece reads any word over 100 characters as
-[UNK], so such a run is not text the model can learn from). Why: a 50 MB line with no
-sentence end went to the tokenizer whole and aborted the process after 5.4 GB; and a sequence
-holds at most a few hundred tokens, so nothing longer is ever used whole.
+[UNK], so such a run is not text the model can learn from). Why: a long line with no sentence
+end would go to the tokenizer whole, which aborts the process after gigabytes of memory
+(docs/results/measurements.md); and a sequence holds at most a few hundred tokens, so nothing
+longer is ever used whole.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ file                       builder      one record is
 
 Text formats may be compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``); `datasets` (through
 fsspec) decompresses them while streaming. An uncompressed ``.txt`` file is split here
-(`paragraphs`), exactly as `datasets`' text builder splits it, without importing `datasets`:
-that import and its builder's set-up took 1.2 s of every pretraining process (each seed
-process of ``folnet ablate --jobs``), and streams the same way. Every other file is read with
-``streaming=True``: records arrive lazily in file order and nothing is copied into the
-`datasets` cache, so a corpus larger than memory or disk works, and the order is fixed, which
-exact resume relies on.
+(`paragraphs`), exactly as `datasets`' text builder splits it and streaming the same way,
+without importing `datasets`: that import and its builder's set-up are a start-up cost of every
+pretraining process (each seed process of ``folnet ablate --jobs``;
+docs/results/measurements.md). Every other file is read with ``streaming=True``: records
+arrive lazily in file order and nothing is copied into the `datasets` cache, so a corpus larger
+than memory or disk works, and the order is fixed, which exact resume relies on.
 
 The text of a record is the ``text_column`` field (``--text-column``, default ``text``); plain
 text files have one column, ``text``, whatever the option says.

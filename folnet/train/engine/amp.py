@@ -1,6 +1,6 @@
 """Mixed precision with `torch.amp`: bf16 or fp16 autocast, and a GradScaler for fp16.
 
-Why only torch.amp: `apex.amp` no longer exists in NVIDIA Apex, and torch's autocast covers
+Why only torch.amp: NVIDIA Apex has removed `apex.amp`, and torch's autocast covers
 both CUDA and CPU. Parameters and optimiser state stay float32 ("master weights"); only the
 forward pass runs in the low-precision type. bf16 has float32's exponent range and needs no
 loss scaling; fp16 does, so `make_grad_scaler` returns an enabled scaler only for fp16.

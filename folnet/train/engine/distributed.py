@@ -145,14 +145,14 @@ def init_distributed(device: str = "auto", *, group: bool = False) -> DistContex
 def shutdown(ctx: DistContext, *, finished: bool = False) -> None:
     """Destroy the process group this run made. ``finished`` (every rank got to the end): meet
     at a barrier first, so that no rank tears its group down while a peer still talks on it
-    (gloo aborted a rank at exit, now and then, when one left early). After a failure there is
-    no barrier: a peer may never arrive.
+    (gloo can abort a rank at exit when another leaves early). After a failure there is no
+    barrier: a peer may never arrive.
 
     The garbage is collected first: a sharded engine (FSDP's states, parameter groups and
     device mesh) is a web of reference cycles that outlives the run's frames, and it holds the
-    group. Left to a later collection, it was freed after the group was torn down, or during
-    the interpreter's finalisation, where a rank aborted now and then ("terminate called
-    without an active exception", under load)."""
+    group. Left to a later collection, it is freed after the group is torn down, or during the
+    interpreter's finalisation, where a rank can abort ("terminate called without an active
+    exception", under load)."""
     if ctx.owns_group and dist.is_initialized():
         gc.collect()
         if finished and ctx.is_distributed:

@@ -128,7 +128,7 @@ def gradient_norm(model: nn.Module, clip_norm: float = 0.0) -> torch.Tensor:
     params = list(model.parameters())
     if clip_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, clip_norm)
-    else:  # only measured: the gradients are left untouched
+    else:  # the norm alone: the gradients are left untouched
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 

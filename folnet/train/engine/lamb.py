@@ -8,8 +8,9 @@ The rule (You et al., ICLR 2020, Algorithm 2), per parameter tensor:
 
 Why not `pytorch_optimizer.Lamb` (4.1): it is not the published rule (no bias correction of
 the second moment, the weight norm clamped at 10, eps added to the update norm, decoupled
-weight decay). Why not a loop over the tensors, as this module once was: the base model's 226
-tensors made 22 launching ops each, 5,086 per step, twice the whole forward and backward.
+weight decay). Why not a loop over the tensors: it launches a score of ops per tensor, and
+over the base model's tensors that is more launches than the whole forward and backward pass
+(docs/results/measurements.md).
 
 How it is made few: the tensors of one device and dtype form a *bucket* whose moments live in
 one flat buffer each (every tensor's ``exp_avg`` and ``exp_avg_sq`` in the optimiser state is

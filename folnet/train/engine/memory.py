@@ -2,15 +2,16 @@
 
 Why before the first step: a batch that does not fit ends a CPU run in the kernel's OOM killer
 (or swaps the machine to a halt) and a GPU run in an allocation error, minutes in, after the
-corpus was tokenised. The defaults a newcomer types (batch 256 x T 128) need ~15 GiB on a CPU;
-`fit_batch` finds the fewest micro-batches (gradient accumulation: the same sequences per
-optimiser step, the same loss and gradients to float32 rounding) whose step fits a budget, and
-says what it chose. A batch of one sequence that still does not fit stops the run before
-training, naming the memory it needs and the options that lower it.
+corpus was tokenised. The defaults a newcomer types (batch 256 x T 128) need more memory than
+many machines have (docs/results/measurements.md); `fit_batch` finds the fewest micro-batches
+(gradient accumulation: the same sequences per optimiser step, the same loss and gradients to
+float32 rounding) whose step fits a budget, and says what it chose. A batch of one sequence
+that still does not fit stops the run before training, naming the memory it needs and the
+options that lower it.
 
 The estimate (`StepMemory`) is the `folnet.arch.info` model -- the bytes autograd saves for the
-backward pass of one sequence, counted on the meta device -- scaled by a factor measured
-against the resident peak of real steps (README, "Memory"), plus what does not grow with the
+backward pass of one sequence, counted on the meta device -- scaled by a factor that relates
+it to the resident peak of real steps (`CPU_HEAP_FACTOR`), plus what does not grow with the
 batch: weights, gradients and two optimiser moments, and the process itself (torch, the
 tokenised corpus). On a CPU the factor covers glibc's heap as `folnet.runtime` tunes it
 (freed blocks are kept for reuse, so the heap ends above the live peak).
@@ -21,7 +22,7 @@ available, shared by the processes of one run (torchrun's local ones, the parall
 ``folnet ablate --jobs N``); on a GPU, 90% of the device's free memory. ``off`` keeps the batch
 as asked. Why neither a fixed budget nor the machine's: a fixed one stops a model whose one
 sequence needs more, and one that follows the machine lets a tiny model's first run take
-half of a large machine (the tiny preset's defaults held 10 GB resident on a 24 GB one).
+half of a large machine (docs/results/measurements.md).
 """
 
 from __future__ import annotations
@@ -46,15 +47,16 @@ GiB = 1 << 30
 #: be read). What a model needs sets it, not the machine's size.
 DEFAULT_CPU_BUDGET = 3 * GiB
 CPU_NEED_ROWS = 8
-#: Resident peak over saved-for-backward bytes, per sequence (measured, README "Memory").
+#: Resident peak over saved-for-backward bytes, per sequence: the estimate's scale on a CPU
+#: (docs/results/measurements.md).
 CPU_HEAP_FACTOR = 1.0
 CUDA_FACTOR = 1.0
 #: Resident memory of a training process before its first step (torch, corpus, tokenizer),
 #: with a CPU build of torch.
 PROCESS_BYTES = 700 << 20
 #: What a CUDA build of torch adds to it, on a CPU run too: its GPU libraries are mapped at
-#: import and partly resident (measured after ``import torch, folnet.cli``: 235 MiB with
-#: 2.13.0+cpu, 633 MiB with 2.11.0+cu130). pip's default torch on Linux is such a build.
+#: import and partly resident (docs/results/measurements.md). pip's default torch on Linux is
+#: such a build.
 CUDA_BUILD_BYTES = 400 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000 ** 2, "mib": 1 << 20, "g": GiB, "gb": 1000 ** 3, "gib": GiB,

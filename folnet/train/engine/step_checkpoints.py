@@ -34,7 +34,7 @@ checkpoint without it lost it (a copy that left it out, a stray delete), and its
 longer be checked -- a flipped weight byte would resume silently. Its ``trainer.pt`` says a
 manifest was written (``"manifest": "checksums.json"``, `MANIFEST_KEY`), and such a checkpoint
 counts as damaged. One without that entry was written before checksums existed and gets the
-checks its formats allow, as before (checkpoints are a promise).
+checks its formats allow, and resumes (checkpoints are a promise).
 """
 
 from __future__ import annotations

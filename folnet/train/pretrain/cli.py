@@ -60,8 +60,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def resumed_run(overrides: dict[str, Any]) -> Path | None:
     """The run a ``--resume`` continues, whose run_config.json then gives every option not
-    given again (a changed one is refused, naming it, as before). ``--resume RUN`` names the
-    run directory itself (or one of its checkpoints) and stands for ``--out RUN --resume``;
+    given again (a changed one is refused, naming it). ``--resume RUN`` names the run
+    directory itself (or one of its checkpoints) and stands for ``--out RUN --resume``;
     ``--resume`` with ``--out RUN`` reads RUN. None when nothing is resumed, or OUT holds no
     run yet (``--resume auto`` on a new OUT)."""
     resume, out = overrides.get("resume"), overrides.get("out")

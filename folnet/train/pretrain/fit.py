@@ -1,6 +1,6 @@
 """Pretraining's side of fitting the step to the machine (`folnet.train.engine.memory`).
 
-The estimate is made on a meta-device copy of the run's model (no memory, ~0.1 s): the
+The estimate is made on a meta-device copy of the run's model (no memory, little time): the
 `folnet.arch.info` count of what autograd saves per sequence, in the memory mode the layers
 will run at this length, plus the head's logits: an encoder's at the predicted positions, a
 decoder's at every position (a decoder's layers are counted on an encoder of the same shape).

@@ -1,5 +1,5 @@
 """A decoder's or an encoder-decoder's held-out loss: the run's objective over the documents
-``--heldout`` kept out of training (`folnet.train.data.packing.heldout_documents`), measured at
+``--heldout`` kept out of training (`folnet.train.data.packing.heldout_documents`), computed at
 every checkpoint and appended to ``OUT/heldout.jsonl`` (step, loss per target token,
 perplexity, rows, targets).
 

@@ -80,8 +80,8 @@ def pretrain(config: PretrainConfig) -> Path:
         raise FolnetError("--out is required: the run directory for checkpoints and logs")
     out = check_out(config.out, what="pretraining run")  # before anything is written
     config.register_operators()  # --operators, before anything reads --ops
-    # a training process: keep tensors on the heap (2x on CPU), the large ones of long
-    # sequences excepted (`folnet.runtime`)
+    # a training process: keep tensors on the heap, the large ones of long sequences excepted
+    # (`folnet.runtime` says why)
     tune_cpu_allocator(config.seq_len)
     ctx = init_distributed(config.device, group=config.fsdp)
     deterministic = (torch.are_deterministic_algorithms_enabled(),
@@ -123,8 +123,9 @@ def _accumulate(engine: nn.Module, micro: list[dict[str, torch.Tensor]], config:
         # compiled: one shape, one graph; an encoder-decoder's targets have their own width
         if config.trim_padding and not config.compile and config.kind != "encoder-decoder":
             here = trim_padding(here)
-        # a batch without padding goes without a mask (the unmasked path measured ~3%
-        # faster); decided on the CPU copy, where reading it costs no device sync
+        # a batch without padding goes without a mask (the unmasked path is faster,
+        # docs/results/measurements.md); decided on the CPU copy, where reading it costs no
+        # device sync
         unpadded = bool(here["attention_mask"].all())
         local = to_device(here, ctx.device)
         mask = None if unpadded else local["attention_mask"]

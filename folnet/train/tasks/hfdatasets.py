@@ -12,7 +12,8 @@ each also under ``data/``):
   layout, e.g. ``rte/validation-00000-of-00001.parquet``), with ext parquet, arrow, jsonl,
   json or csv, read by the `datasets` builder of that name.
 
-The original files win when both are present, so existing data directories read as before.
+The original files win when both are present, so a data directory that holds them reads the
+same whatever hub files sit beside them.
 Each family says how its task is published (`Published`: the columns, the label column, and
 how one row becomes one example); this module locates a split, reads it through `datasets`
 (``load_from_disk`` / ``load_dataset``, offline) and checks the columns before anything is
