@@ -47,7 +47,7 @@ def release_free_memory() -> bool:
     accumulation: 1.9 GiB after the first step, 2.4 GiB after the seventh, 4.8 GiB after the
     twentieth. A run that must stay inside a memory budget calls this when its resident
     memory passes the budget: the next step faults the returned pages in again (a cost paid
-    only then). The ``"tight"`` memory mode (`folnet.arch.layer.memory`) calls it before and
+    only then). The ``"tight"`` memory mode (`folnet.arch.layer.memory_modes`) calls it before and
     after each recomputed mixer stage's backward pass. Returns whether anything could be
     asked (False off glibc)."""
     trim = libc_function("malloc_trim")
