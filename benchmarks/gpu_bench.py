@@ -22,8 +22,8 @@ from harness import count_flops, matmul_peak_gflops, median_seconds, peak_reside
 import folnet
 from folnet.arch.info import model_info
 from folnet.arch.layer.domain import Domain
-from folnet.arch.layer.memory import auto_blocks
-from folnet.train.engine.memory import StepMemory
+from folnet.arch.layer.memory_modes import auto_blocks
+from folnet.train.engine.memory_budget import StepMemory
 from folnet.train.pretrain.config import load_pretrain_config
 from folnet.train.pretrain.fit import pretraining_step_memory
 

@@ -24,7 +24,7 @@ from harness import write_json
 
 import folnet
 from folnet.arch.layer.domain import Domain
-from folnet.ops.kernels.device import emulate
+from folnet.ops.primitives.device import emulate
 
 PACKAGE = str(Path(folnet.__file__).resolve().parent)
 

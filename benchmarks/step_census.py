@@ -34,7 +34,7 @@ optimiser, the loop's own work): a forward op belongs to the innermost module ru
 backward op to the module whose forward made the autograd node running it.
 
 **Paths.** "cpu" is what folnet does on a CPU. "cuda" makes every kernel choice a CUDA device
-makes (`folnet.ops.kernels.device.emulate`: backend priority, the whole square, torch's own
+makes (`folnet.ops.primitives.device.emulate`: backend priority, the whole square, torch's own
 LayerNorm and dropout, the optimiser's fused form, no host-side value checks) while the
 tensors stay on the CPU, so the counts are the CUDA step's without a GPU. Counts do not depend
 on T or B (bytes do), and are deterministic: the tests hold them at their targets
@@ -62,7 +62,7 @@ from harness import machine, write_json
 from steps import Step, bert_step, folnet_step
 
 import folnet
-from folnet.ops.kernels.device import emulate
+from folnet.ops.primitives.device import emulate
 
 aten = torch.ops.aten
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import folnet
-from folnet.ops.kernels.device import emulate
+from folnet.ops.primitives.device import emulate
 
 
 @dataclass

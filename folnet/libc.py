@@ -45,7 +45,7 @@ def release_free_memory() -> bool:
     reused, but the holes that tensors of different sizes leave grow the heap step after
     step (docs/results/measurements.md). A run that must stay inside a memory budget calls
     this when its resident memory passes the budget: the next step faults the returned pages
-    in again (a cost paid only then). The ``"tight"`` memory mode (`folnet.arch.layer.memory`)
+    in again (a cost paid only then). The ``"tight"`` memory mode (`folnet.arch.layer.memory_modes`)
     calls it before and after each recomputed mixer stage's backward pass. Returns whether
     anything could be asked (False off glibc)."""
     trim = libc_function("malloc_trim")

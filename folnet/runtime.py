@@ -10,13 +10,13 @@ reuse. Freed memory is then not returned to the operating system until the proce
 right for a training or benchmark process, which is why the CLI commands call it and the
 library does not do it on import.
 
-Long sequences are the exception. From `folnet.arch.layer.memory.AUTO_MIN_T` tokens on the layers
-run in row blocks: few large tensors (the binary stream, B x T x T x D2), many small per-block
-ones, and on one heap the small ones settle into the holes the large ones leave, so the heap
-grows well beyond the tensors alive at once (docs/results/measurements.md). A process told its
-sequence length (``seq_len``) therefore gives allocations of `LARGE_ALLOCATION` bytes and more
-their own pages, returned when freed, as glibc does by default -- the per-block ones stay on
-the heap.
+Long sequences are the exception. From `folnet.arch.layer.memory_modes.AUTO_MIN_T` tokens on the
+layers run in row blocks: few large tensors (the binary stream, B x T x T x D2), many small
+per-block ones, and on one heap the small ones settle into the holes the large ones leave, so
+the heap grows well beyond the tensors alive at once (docs/results/measurements.md). A process
+told its sequence length (``seq_len``) therefore gives allocations of `LARGE_ALLOCATION` bytes
+and more their own pages, returned when freed, as glibc does by default -- the per-block ones
+stay on the heap.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from folnet.arch.layer.memory import AUTO_MIN_T
+from folnet.arch.layer.memory_modes import AUTO_MIN_T
 from folnet.libc import libc_function, release_free_memory, resident_bytes
 
 # (release_free_memory and resident_bytes live in the leaf `folnet.libc`; importable from here

@@ -22,7 +22,7 @@ from folnet.arch.io.model_dir import (
     run_checkpoints,
     save_pretrained,
 )
-from folnet.arch.layer.memory import MEMORY_MODES, set_memory
+from folnet.arch.layer.memory_modes import MEMORY_MODES, set_memory
 from folnet.arch.models import FolnetDecoderLM, FolnetEncoderDecoder, FolnetModel
 from folnet.arch.outputs import FolnetOutput, TextOutput
 from folnet.arch.plan import ArchPlan, LayerPlan, parse_layer, parse_plan

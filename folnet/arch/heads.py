@@ -26,8 +26,8 @@ from folnet.arch.inputs import check_labels
 from folnet.arch.objectives import token_cross_entropy
 from folnet.arch.outputs import FolnetOutput
 from folnet.errors import FolnetError
-from folnet.ops.kernels import layer_norm
-from folnet.ops.kernels.device import kernel_device
+from folnet.ops.primitives import layer_norm
+from folnet.ops.primitives.device import kernel_device
 from folnet.tracing import traced
 
 
@@ -116,7 +116,7 @@ def gather_masked(hidden: torch.Tensor, labels: torch.Tensor, slots: int | None 
     while tracing, P positions per sequence, its predicted ones first (in order), then
     unpredicted ones whose label is -100, ``(B*P, D1)`` and ``(B*P,)`` -- static shapes, no
     sync, and the same loss, since every loss here ignores -100 (BERT's
-    ``max_predictions_per_seq``); on a CPU (`folnet.ops.kernels.device.kernel_device`), where
+    ``max_predictions_per_seq``); on a CPU (`folnet.ops.primitives.device.kernel_device`), where
     the host is the device and reading N costs nothing, the exact gather still: fewer rows of
     the vocabulary projection, and the bits CPU runs always had. A row may not predict more
     than P tokens: checked where input values are (`folnet.arch.inputs.values_checked`).

@@ -4,12 +4,12 @@ The model is built on the ``meta`` device, so even the large preset costs no mem
 FLOPs come from ``torch.utils.flop_counter`` over a forward (and forward+backward = 3x) pass on
 meta tensors, activation memory from the tensors autograd saves for the backward pass.
 
-The sequence length is bounded (`check_seq_len`): by the model's ``max_positions`` where it
-has an absolute-position table (a longer sequence cannot run), and by `MAX_INFO_SEQ_LEN` for
-every model. Why the second bound: nothing is allocated, but the blocked estimate runs
-(T / 256)^2 row blocks per layer (`folnet.arch.layer.memory.BLOCK_PAIRS`), minutes at the bound and
-hours at 32k; and at T = 10^9 the size of one B x T x T x D2 meta tensor does not fit a
-64-bit integer, which torch reports as "Storage size calculation overflowed".
+The sequence length is bounded (`check_seq_len`): by the model's ``max_positions`` where it has
+an absolute-position table (a longer sequence cannot run), and by `MAX_INFO_SEQ_LEN` for every
+model. Why the second bound: nothing is allocated, but the blocked estimate runs (T / 256)^2 row
+blocks per layer (`folnet.arch.layer.memory_modes.BLOCK_PAIRS`), minutes at the bound and hours
+at 32k; and at T = 10^9 the size of one B x T x T x D2 meta tensor does not fit a 64-bit
+integer, which torch reports as "Storage size calculation overflowed".
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from folnet.arch.config import ModelConfig
 from folnet.arch.layer.atoms import relative_position_ids, token_positions
 from folnet.arch.layer.domain import Domain
-from folnet.arch.layer.memory import AUTO_MIN_T
+from folnet.arch.layer.memory_modes import AUTO_MIN_T
 from folnet.arch.models.encoder import FolnetModel
 from folnet.errors import FolnetError
 

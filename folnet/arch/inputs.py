@@ -15,8 +15,8 @@ import torch
 
 from folnet.arch.config import ModelConfig
 from folnet.errors import FolnetError
-from folnet.ops.kernels.device import kernel_device
-from folnet.ops.kernels.functorch import vmap_active
+from folnet.ops.primitives.device import kernel_device
+from folnet.ops.primitives.functorch import vmap_active
 from folnet.tracing import traced
 
 

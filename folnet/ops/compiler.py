@@ -30,8 +30,8 @@ from folnet.ops import masks
 from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, Call, Operand
 from folnet.ops.backends.base import activated_kernel
 from folnet.ops.backends.einsum import contract
-from folnet.ops.kernels import dropout
-from folnet.ops.kernels.device import kernel_device
+from folnet.ops.primitives import dropout
+from folnet.ops.primitives.device import kernel_device
 from folnet.ops.registry import get_operator
 from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
 from folnet.tracing import traced
@@ -82,7 +82,7 @@ class CompiledOperator:
         self.causal = bool(causal)
         self.dims = dims
         # each backend's decisions, made once here and never while a call is traced
-        self.plans = {name: b.plan(spec, self.causal, dims) for name, b in BACKENDS.items()}
+        self.prepared = {name: b.prepare(spec, self.causal, dims) for name, b in BACKENDS.items()}
         self._layouts: dict[str, dict[str, str]] = {}  # `route_by`'s, by backend name
 
     def __repr__(self) -> str:
@@ -289,7 +289,7 @@ def _cannot(spec: OperatorSpec, backend: str, reasons: list[tuple[str, str | Non
 @functools.lru_cache(maxsize=1024)
 def _select(spec: OperatorSpec, backend: str, call: Call, device_type: str) -> Backend:
     """The backend for ``call``: the first of ``backend``'s list, or of ``device_type``'s
-    priority (`folnet.ops.kernels.device.kernel_device`), that supports it."""
+    priority (`folnet.ops.primitives.device.kernel_device`), that supports it."""
     names = parse_backend(backend)
     order = names or PRIORITY.get(device_type, DEFAULT_PRIORITY)
     reasons = []

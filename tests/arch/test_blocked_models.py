@@ -9,7 +9,7 @@ import torch
 from tolerances import assert_at_most, assert_bf16_rel, assert_rel, rel_error
 
 import folnet
-from folnet.arch.layer.memory import (
+from folnet.arch.layer.memory_modes import (
     AUTO_MIN_T,
     BLOCK_PAIRS,
     TIGHT_PAIRS,

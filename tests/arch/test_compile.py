@@ -103,9 +103,9 @@ def test_pretrain_compile_trains_and_says_it_is_slow_on_cpu(tmp_path, capsys, mo
 
 
 def test_what_a_traced_call_would_look_up_is_resolved_when_operators_are_compiled(monkeypatch):
-    """A traced call must only read plans: the fused terms and folds (op.plans) and whether
-    xformers imports (looked up inside a traced step, it was a graph break per call on an
-    H200) are decided when an operator is compiled."""
+    """A traced call must only read what was prepared: the fused terms and folds
+    (op.prepared) and whether xformers imports (looked up inside a traced step, it was a graph
+    break per call on an H200) are decided when an operator is compiled."""
     from folnet.ops.backends import attention
     from folnet.ops.compiler import CompiledOperator
 
@@ -114,7 +114,7 @@ def test_what_a_traced_call_would_look_up_is_resolved_when_operators_are_compile
                           (("D1", 64), ("D2", 16), ("F1", 128), ("F2", 32), ("H", 4),
                            ("S", 16)))
     assert attention._xformers is not attention._UNRESOLVED
-    plan = op.plans["fused"]
+    plan = op.prepared["fused"]
     assert set(plan.fold) == {"kernel", "premise"} and len(plan.terms) == 16
     assert all(t.path is not None for terms in plan.terms.values() for t in terms
                if t.equation.count(",") >= 2)
@@ -144,9 +144,9 @@ def _training_call(kind: str, **kw):
 def test_a_training_forward_and_loss_is_one_graph(fresh_dynamo, kind):
     """No graph break in the whole model's training forward and loss (the masked-LM gather at
     static shapes: its exact gather's ``nonzero`` made 5 breaks), on a CUDA device's kernel
-    choices (`folnet.ops.kernels.device.emulate`), the path compile is for; the CPU's fast
+    choices (`folnet.ops.primitives.device.emulate`), the path compile is for; the CPU's fast
     paths trace too (the tests above, and --compile's run)."""
-    from folnet.ops.kernels.device import emulate
+    from folnet.ops.primitives.device import emulate
 
     with emulate("cuda"):
         _, ids, loss = _training_call(kind)

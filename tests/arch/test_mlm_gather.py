@@ -2,7 +2,7 @@
 loss and gradients of the exact gather, no host read, and a refusal where slots would drop
 targets. Slots are a CUDA device's (and a trace's) choice: on a CPU, where a read costs
 nothing, the exact gather stays -- these tests take the CUDA path through
-`folnet.ops.kernels.device.emulate`."""
+`folnet.ops.primitives.device.emulate`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tolerances import assert_rel
 
 import folnet
 from folnet.errors import FolnetError
-from folnet.ops.kernels.device import emulate
+from folnet.ops.primitives.device import emulate
 
 V = 40
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from folnet.ops.kernels import residual_norm as rn
+from folnet.ops.primitives import residual_norm as rn
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="runs under TRITON_INTERPRET=1 only")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tolerances import assert_close, assert_rel
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels import binary_ffn
+from folnet.ops.primitives import binary_ffn
 
 pytestmark = pytest.mark.numerics
 

@@ -37,8 +37,8 @@ from tolerances import (
 import folnet
 from folnet.ops.backends import BACKENDS, PRIORITY, Call
 from folnet.ops.compiler import compile_operator
-from folnet.ops.kernels.device import emulate
-from folnet.ops.kernels.dropout import portable_masks
+from folnet.ops.primitives.device import emulate
+from folnet.ops.primitives.dropout import portable_masks
 
 sys.path.insert(0, str(BENCHMARKS))
 from bf16_curve import compare, curve
@@ -63,7 +63,7 @@ OP_BOUND = {torch.float32: 1e-5, torch.bfloat16: 5e-2}
 @pytest.fixture
 def device():
     """"cuda"; or, rehearsing, "cpu" with every kernel choice a CUDA device makes
-    (`folnet.ops.kernels.device.emulate`), so the rehearsal runs the GPU's code path."""
+    (`folnet.ops.primitives.device.emulate`), so the rehearsal runs the GPU's code path."""
     if torch.cuda.is_available():
         yield "cuda"
     elif os.environ.get(REHEARSAL) == "1":
@@ -272,7 +272,7 @@ def test_blocked_rows_equal_the_whole_square(device, kind, dropout, bf16):
 def test_checkpointed_training_equals_the_stored_masks(device, mode):
     """As tests/arch/test_blocked_models.py: under activation checkpointing the binary atoms
     are made again inside the first layer's checkpoint, their dropout mask drawn again from
-    the device generator's saved state (`folnet.ops.kernels.rng.replay`), and every layer
+    the device generator's saved state (`folnet.ops.primitives.rng.replay`), and every layer
     redraws its masks: the loss and gradients equal the run that stores every mask."""
     model = folnet.build_model("jmc.atp", preset="tiny", head="pretraining", vocab_size=60,
                                dropout=0.2, attention_dropout=0.1).to(device).train()
@@ -467,10 +467,10 @@ def test_a_pretraining_step_makes_no_host_sync(device):
 
 @pytest.mark.parametrize("p", [0.0, 0.2])
 def test_the_fused_residual_norm_matches_the_eager_arithmetic(device, p):
-    """`folnet.ops.kernels.residual_norm` where a CUDA step takes it (its Triton kernels on a
+    """`folnet.ops.primitives.residual_norm` where a CUDA step takes it (its Triton kernels on a
     GPU; the CPU form when rehearsing) against the eager arithmetic in float64 on the CPU,
     with the keep mask the op drew recovered from a second call under the same seed."""
-    from folnet.ops.kernels import residual_norm as rn
+    from folnet.ops.primitives import residual_norm as rn
 
     shape = (2, 24, 24, 48)
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""`folnet.ops.kernels.device.emulate`: a CPU run that makes every kernel choice a CUDA device
+"""`folnet.ops.primitives.device.emulate`: a CPU run that makes every kernel choice a CUDA device
 makes (what benchmarks/step_census.py counts as the CUDA path), and nothing else."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 import folnet
 from folnet.errors import FolnetError
-from folnet.ops.kernels.device import emulate, kernel_device
+from folnet.ops.primitives.device import emulate, kernel_device
 
 
 def test_choices_follow_the_emulated_device_and_come_back():
@@ -68,7 +68,7 @@ def _ops(fn) -> set[str]:
 def test_on_cuda_dropout_is_torchs_own_kernel_unless_masks_are_asked_for():
     """The CUDA path drops out with ``native_dropout`` (one kernel each way); the keep masks
     (a random word per four elements) on the CPU, and on CUDA inside `portable_masks`."""
-    from folnet.ops.kernels.dropout import dropout, dropout_add, portable_masks
+    from folnet.ops.primitives.dropout import dropout, dropout_add, portable_masks
 
     x = torch.randn(64, 64, requires_grad=True)
     r = torch.randn(64, 64)

@@ -21,11 +21,11 @@ from torch.func import functional_call, grad, jacrev, vmap
 
 import folnet
 from folnet.errors import FolnetError
-from folnet.ops.kernels.dropout import _DropoutAdd, _MaskedScale
-from folnet.ops.kernels.ffn import _BinaryFFN
-from folnet.ops.kernels.linear import _Linear, _SegmentedLinear, linear
-from folnet.ops.kernels.recompute import Slab, recompute_blocks
-from folnet.ops.kernels.sink import _SinkEinsum
+from folnet.ops.primitives.dropout import _DropoutAdd, _MaskedScale
+from folnet.ops.primitives.ffn import _BinaryFFN
+from folnet.ops.primitives.linear import _Linear, _SegmentedLinear, linear
+from folnet.ops.primitives.recompute import Slab, recompute_blocks
+from folnet.ops.primitives.sink import _SinkEinsum
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.numerics,
               # BERT's SDPA under vmap: torch has no batching rule for the CPU flash kernel

@@ -11,7 +11,7 @@ from tolerances import assert_close
 import folnet
 from folnet.ops import Operand, compile_operator
 from folnet.ops.backends import BACKENDS
-from folnet.ops.backends.fused import fold_plan, output_letters, run_terms, terms
+from folnet.ops.backends.fused import fold_choice, output_letters, run_terms, terms
 from folnet.ops.registry import get_operator
 
 B, T, H, S = 2, 5, 3, 4
@@ -61,8 +61,8 @@ def test_two_operand_terms_put_shared_letters_then_kernel_letters_first(symbol):
                 assert owners == sorted(owners)  # every kernel letter before premise letters
 
 
-def test_fold_plan_folds_the_cheap_binary_premises_only():
-    plans = {s: dict(fold_plan(get_operator(s), tuple(sorted(DIMS.items())))) for s in "jmcapt"}
+def test_fold_choice_folds_the_cheap_binary_premises_only():
+    plans = {s: dict(fold_choice(get_operator(s), tuple(sorted(DIMS.items())))) for s in "jmcapt"}
     assert plans["p"] == {"kernel": False, "premise": True}  # never builds B x T x T x S
     assert not plans["j"]["kernel"] and not plans["t"]["kernel"]  # softmax kernels materialise
     assert not plans["a"]["kernel"] and not plans["a"]["premise"]  # unary tensors

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tolerances import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
-from folnet.ops import kernels
+from folnet.ops import primitives as kernels
 
 
 def _grads(fn, tensors, seed=0):
@@ -183,7 +183,7 @@ def test_a_large_mask_drawn_in_chunks_has_one_draws_bits(monkeypatch, shape):
     """A CPU mask larger than a chunk of words is drawn chunk by chunk (2 MiB of words alive,
     not two bytes per element): the same bits, and the generator left where one draw of all
     the words leaves it -- chunks of 7 words here, so most shapes end in a partial chunk."""
-    dropout_module = sys.modules["folnet.ops.kernels.dropout"]
+    dropout_module = sys.modules["folnet.ops.primitives.dropout"]
     monkeypatch.setattr(dropout_module, "_CHUNK_WORDS", 7)
     torch.manual_seed(11)
     want, after_want = _one_draw_mask(shape, 0.3), torch.rand(3)
@@ -198,7 +198,7 @@ def test_a_large_masks_scratch_is_one_chunk():
     one-call draw held 3 bytes per element more, two of them on the heap)."""
     from torch.profiler import ProfilerActivity, profile
 
-    dropout_module = sys.modules["folnet.ops.kernels.dropout"]
+    dropout_module = sys.modules["folnet.ops.primitives.dropout"]
     n = 8 * dropout_module._CHUNK_WORDS * 4 + 5  # 8 chunks and a partial one
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         mask = kernels.keep_mask((n,), 0.1, "cpu")

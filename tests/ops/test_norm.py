@@ -1,4 +1,4 @@
-"""`folnet.ops.kernels.layer_norm` passes ATen a weight of ones and a bias of zeros, for speed:
+"""`folnet.ops.primitives.layer_norm` passes ATen a weight of ones and a bias of zeros, for speed:
 it must give the affine-free LayerNorm's bits, forward and backward, in every dtype, and on
 both CPU kernel sets (marked numerics: `make test` runs it under the second one too)."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import folnet
-from folnet.ops.kernels import layer_norm
+from folnet.ops.primitives import layer_norm
 
 pytestmark = pytest.mark.numerics
 
@@ -53,7 +53,7 @@ def test_a_model_step_is_unchanged_by_it(monkeypatch):
     """A jmc.atp training step (dropout on) gives the same loss and gradients, bit for bit,
     with every LayerNorm on the plain affine-free call (the kernel's F swapped for one that
     drops the weight and bias it is given)."""
-    import folnet.ops.kernels.norm as norm
+    import folnet.ops.primitives.norm as norm
 
     def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
         torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""`folnet.ops.kernels.recompute`: outputs and every gradient equal plain autograd over the
+"""`folnet.ops.primitives.recompute`: outputs and every gradient equal plain autograd over the
 whole tensor (float64), with a prologue, row and column slabs, parameters and dropout."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from tolerances import assert_close, assert_rel
 
-from folnet.ops.kernels.owned import incoming_alone
-from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
-from folnet.ops.kernels.sink import sink_einsum
+from folnet.ops.primitives.owned import incoming_alone
+from folnet.ops.primitives.recompute import Block, Prologue, Slab, recompute_blocks
+from folnet.ops.primitives.sink import sink_einsum
 
 pytestmark = pytest.mark.numerics
 

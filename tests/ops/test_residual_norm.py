@@ -1,4 +1,4 @@
-"""The fused residual norm (`folnet.ops.kernels.residual_norm`): its CPU form and its Triton
+"""The fused residual norm (`folnet.ops.primitives.residual_norm`): its CPU form and its Triton
 kernels against the eager arithmetic in float64, its "why not" answers, one graph under
 torch.compile's tracer, and the layer that takes it against the layer that does not."""
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import folnet
-from folnet.ops.kernels import residual_norm as rn
-from folnet.ops.kernels.device import emulate
-from folnet.ops.kernels.dropout import portable_masks
+from folnet.ops.primitives import residual_norm as rn
+from folnet.ops.primitives.device import emulate
+from folnet.ops.primitives.dropout import portable_masks
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import folnet
-from folnet.ops.kernels import keep_mask
-from folnet.ops.kernels.dropout import RowMask
+from folnet.ops.primitives import keep_mask
+from folnet.ops.primitives.dropout import RowMask
 
 pytestmark = pytest.mark.numerics
 
@@ -35,7 +35,7 @@ CASES = [((2, 11, 11, 4), 3), ((3, 8, 8, 8), 8), ((1, 9, 4), 2), ((2, 6, 5, 4), 
 def test_drawn_in_row_pieces_it_is_one_draws_mask(monkeypatch, shape, rows):
     """Pieces (chunks of 7 words inside each, so most end in a partial chunk) give one draw's
     bits and leave the generator where one draw leaves it."""
-    monkeypatch.setattr(sys.modules["folnet.ops.kernels.dropout"], "_CHUNK_WORDS", 7)
+    monkeypatch.setattr(sys.modules["folnet.ops.primitives.dropout"], "_CHUNK_WORDS", 7)
     torch.manual_seed(3)
     want, after_want = _one_draw(shape, 0.3), torch.rand(4)
     torch.manual_seed(3)
@@ -134,8 +134,8 @@ def test_states_drawn_over_other_blocks_are_refused():
     """A `RowMask` is read by the blocks it was drawn over, or refused at once: the FFN kernel
     with another block size, and the recomputed function with other spans."""
     from folnet.errors import FolnetError
-    from folnet.ops.kernels import binary_ffn
-    from folnet.ops.kernels.recompute import Slab, recompute_blocks
+    from folnet.ops.primitives import binary_ffn
+    from folnet.ops.primitives.recompute import Slab, recompute_blocks
 
     g = torch.Generator().manual_seed(0)
     n = torch.randn(2, 8, 8, 4, generator=g)

@@ -1,4 +1,4 @@
-"""`folnet.ops.kernels.sink.sink_einsum`: an operand's gradient added to its sink in place
+"""`folnet.ops.primitives.sink.sink_einsum`: an operand's gradient added to its sink in place
 equals autograd's (float64), through the batched-product path where the sink's memory allows it and
 through the einsum fallback where it does not; the forward is torch.einsum's."""
 
@@ -10,7 +10,7 @@ from tolerances import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.sink import sink_einsum
+from folnet.ops.primitives.sink import sink_einsum
 
 pytestmark = pytest.mark.numerics
 

@@ -113,7 +113,7 @@ def test_every_module_imports_from_the_installed_package(env, outside):
 import importlib, importlib.util, json, pkgutil, sys, folnet
 names = [m.name for m in pkgutil.walk_packages(folnet.__path__, "folnet.")]
 # the Triton kernels' module needs Triton (the gpu extra; folnet imports it only when present)
-needs = {"folnet.ops.kernels.triton_residual_norm": "triton"}
+needs = {"folnet.ops.primitives.triton_residual_norm": "triton"}
 for name in names:
     if name.endswith(".__main__"):  # those run a command
         continue

@@ -11,7 +11,7 @@ from paths import BENCHMARKS
 sys.path.insert(0, str(BENCHMARKS))
 import layer_trace as lt
 
-from folnet.ops.kernels.device import emulate
+from folnet.ops.primitives.device import emulate
 
 
 def test_a_layer_forward_crosses_files_less_than_before():

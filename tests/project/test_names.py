@@ -67,10 +67,11 @@ def test_the_moved_paths_are_gone():
 
 def test_a_stale_name_is_caught(tmp_path):
     stale = tmp_path / "stale.md"
-    stale.write_text("See `folnet.arch.layer.memory.AUTO_MIN_T` and ``folnet.arch.memory``, "
-                     "and `folnet.ops.kernels.sink.nothing_here()`.\n", encoding="utf-8")
-    assert _unresolved([stale], tmp_path) == {"folnet.arch.memory": ["stale.md"],
-                                              "folnet.ops.kernels.sink.nothing_here": ["stale.md"]}
+    stale.write_text("See `folnet.arch.layer.memory_modes.AUTO_MIN_T` and ``folnet.arch.memory``, "
+                     "and `folnet.ops.primitives.sink.nothing_here()`.\n", encoding="utf-8")
+    assert _unresolved([stale], tmp_path) == {
+        "folnet.arch.memory": ["stale.md"],
+        "folnet.ops.primitives.sink.nothing_here": ["stale.md"]}
 
 
 #: A project issue cited by number ("issue 30", "(issue 19, problem 4)"); another project's

@@ -18,7 +18,7 @@ from folnet.errors import FolnetError
 from folnet.train.data.tokenizer import load_tokenizer, train_tokenizer
 from folnet.train.finetune.config import FinetuneConfig, load_finetune_config
 from folnet.train.finetune.data import resolve_task
-from folnet.train.finetune.heads import (
+from folnet.train.finetune.from_python import (
     encode_token_classification,
     finetune_multiple_choice,
     finetune_token_classification,

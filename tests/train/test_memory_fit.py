@@ -18,7 +18,7 @@ from folnet.cli import main
 from folnet.errors import FolnetError
 from folnet.train.engine.amp import make_grad_scaler
 from folnet.train.engine.distributed import DistContext
-from folnet.train.engine.memory import (
+from folnet.train.engine.memory_budget import (
     GiB,
     StepMemory,
     allocation_failure,
@@ -50,7 +50,7 @@ def test_the_default_cpu_budget_follows_the_model_within_the_machine(monkeypatch
     """'auto' is what a step of 8 sequences needs, at least 3 GiB (a tiny model's run
     stays small on a large machine: it held 10 GB of a 24 GB one), at most 80% of what the
     machine has available, shared by the run's processes."""
-    from folnet.train.engine import memory
+    from folnet.train.engine import memory_budget as memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device: 20 * GiB)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -78,7 +78,7 @@ def test_the_defaults_run_where_they_fit_and_split_where_they_do_not(monkeypatch
     """The newcomer's command (`folnet pretrain --data corpus.txt --out RUN`, base preset,
     batch 256, T 128) measured 4.4 GiB per sequence: on a machine with 22 GiB free it now runs
     at micro-batches that fit, where the fixed 3 GiB refused even one sequence."""
-    from folnet.train.engine import memory
+    from folnet.train.engine import memory_budget as memory
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv(memory.SHARE_ENV, raising=False)
@@ -98,7 +98,7 @@ def test_the_first_run_of_the_tiny_preset_stays_small_on_any_machine(monkeypatch
     machine's 80%, and held 10.1 GB resident on a 24 GB machine (measured: /usr/bin/time,
     AMD EPYC); what the model needs bounds it now (2.1 GB measured), however large the
     machine."""
-    from folnet.train.engine import memory
+    from folnet.train.engine import memory_budget as memory
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv(memory.SHARE_ENV, raising=False)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from folnet.arch.config import ModelConfig
-from folnet.ops.kernels import dropout, layer_norm
+from folnet.ops.primitives import dropout, layer_norm
 from folnet.tracing import traced
 
 
@@ -112,13 +112,13 @@ class Atoms(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 positions: torch.Tensor, rel_ids: torch.Tensor | None, n: int,
-                keep: torch.Tensor | None = None, *, lean: bool = False
+                keep: torch.Tensor | None = None, *, redraw: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids and token types (B, Q); positions (B|1, Q); rel_ids (B|1, Q, n) when the
         binary stream starts from relative positions; ``keep`` (B|1, Q, n, 1) zeroes the pairs
-        a causal row cannot see (lower-triangular atoms). ``lean``: see `binary`."""
+        a causal row cannot see (lower-triangular atoms). ``redraw``: see `binary`."""
         u1 = self.unary(input_ids, token_type_ids, positions)
-        return u1, self.binary(rel_ids, u1, n, keep, lean=lean)
+        return u1, self.binary(rel_ids, u1, n, keep, redraw=redraw)
 
     def unary(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
               positions: torch.Tensor) -> torch.Tensor:
@@ -133,12 +133,12 @@ class Atoms(nn.Module):
                        self.training)
 
     def binary(self, rel_ids: torch.Tensor | None, u1: torch.Tensor, n: int,
-               keep: torch.Tensor | None = None, *, lean: bool = False) -> torch.Tensor:
+               keep: torch.Tensor | None = None, *, redraw: bool = False) -> torch.Tensor:
         """The binary atoms (B, Q, n, D2) of the rows of ``u1`` (B, Q, D1). Cheap to make
         again (a lookup in a small table), so an activation-checkpointed stack makes them
-        inside its first layer's checkpoint rather than keeping them (`run_stack`). ``lean``
+        inside its first layer's checkpoint rather than keeping them (`run_stack`). ``redraw``
         (a run that saves memory) keeps the dropout's generator state for the backward pass,
-        not its mask (`folnet.ops.kernels.dropout`)."""
+        not its mask, and draws the mask again there (`folnet.ops.primitives.dropout`)."""
         cfg = self.cfg
         B, Q = u1.shape[:2]
         if self.relative is not None:
@@ -146,7 +146,7 @@ class Atoms(nn.Module):
             # the same atoms as normalising the B x Q x n lookup, for a fraction of the work.
             table = layer_norm(self.relative.weight, cfg.D2, cfg.layer_norm_eps)
             u2 = F.embedding(rel_ids, table).expand(B, Q, n, cfg.D2)  # (B, Q, n, D2)
-            u2 = dropout(u2, cfg.dropout, self.training, redraw=lean)
+            u2 = dropout(u2, cfg.dropout, self.training, redraw=redraw)
         else:
             u2 = u1.new_zeros(B, Q, n, cfg.D2)
         return u2 if keep is None else u2 * keep

@@ -45,7 +45,7 @@ from folnet.arch.layer.context import context_offsets, take_context
 from folnet.arch.layer.dispatch import ROLES, Dispatch, Key, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.layer.ffn import BinaryFFN, UnaryFFN
-from folnet.arch.layer.memory import block_reach, block_rows_for, releases_heap
+from folnet.arch.layer.memory_modes import block_reach, block_rows_for, releases_heap
 from folnet.arch.layer.mixer import LayerCall, Residual, mix
 from folnet.arch.layer.relative import check_static_relative, static_relative
 from folnet.arch.layer.row_blocks import ffn_blocks, mix_blocks
@@ -60,10 +60,10 @@ from folnet.arch.layer.slots import (
 from folnet.arch.plan import LayerPlan
 from folnet.ops import Operand, compile_operator, masks
 from folnet.ops.backends import BACKENDS
-from folnet.ops.kernels import layer_norm, linear, segmented_linear
-from folnet.ops.kernels.autocast import autocast_dtype
-from folnet.ops.kernels.device import kernel_device
-from folnet.ops.kernels.residual_norm import why_not as fused_norm_why_not
+from folnet.ops.primitives import layer_norm, linear, segmented_linear
+from folnet.ops.primitives.autocast import autocast_dtype
+from folnet.ops.primitives.device import kernel_device
+from folnet.ops.primitives.residual_norm import why_not as fused_norm_why_not
 from folnet.tracing import traced
 
 
@@ -96,7 +96,8 @@ class DualStreamLayer(nn.Module):
                                        if s.spec.typing.output == stream) for stream in STREAMS}
         self.ffn_u = UnaryFFN(cfg.D1, cfg.F1)
         self.ffn_b = BinaryFFN(cfg.D2, cfg.F2)
-        self.memory_mode, self.block_rows = "auto", None  # `folnet.arch.layer.memory.set_memory`
+        # set by `folnet.arch.layer.memory_modes.set_memory`
+        self.memory_mode, self.block_rows = "auto", None
         self.ops = [compile_operator(masks.causal_form(s.spec) if causal else s.spec,
                                      cfg.backend, causal=causal, dims=cfg.dims)
                     for s in self.slots]
@@ -122,7 +123,7 @@ class DualStreamLayer(nn.Module):
                                else ({}, {"U": 0, "B": 0}))
         self.width_u, self.width_b = width["U"], width["B"]
         # what a block of query rows reads of each operand, for all operators and for a
-        # unary_only call's (fixed per layer: `folnet.arch.layer.memory.block_reach`)
+        # unary_only call's (fixed per layer: `folnet.arch.layer.memory_modes.block_reach`)
         self._reach = {wanted: block_reach({i: self.ops[i].spec for i in wanted})
                        for wanted in {self._wanted(False), self._wanted(True)}}
         self.cross_u = nn.Linear(cfg.D1, self.width_u) if cross and self.width_u else None
@@ -153,7 +154,7 @@ class DualStreamLayer(nn.Module):
         """The kernels and premises ``keys`` name, as Operands: unary ones from ``n1`` through
         the stream's fused Linear, split once; binary ones from ``n2`` likewise when every
         segment is wanted channels last, else through one segmented projection of just the
-        segments some backend materialises (`folnet.ops.kernels.segmented_linear`), each in
+        segments some backend materialises (`folnet.ops.primitives.segmented_linear`), each in
         its layout; folded ones as the stream and their weight rows (`folded`)."""
         layouts = dispatch.layouts
         parts: Parts = {}
@@ -230,7 +231,7 @@ class DualStreamLayer(nn.Module):
         """u1 (B, Q, D1), u2 (B, Q, n, D2) -> both updated. ``unary_only`` (the last layer, when
         nothing reads the final binary stream) skips every update of u2 -- the binary-output
         operators and the binary FFN -- and returns None in its place. Long enough inputs run
-        the mixer and the binary FFN in blocks of query rows (`folnet.arch.layer.memory`), but
+        the mixer and the binary FFN in blocks of query rows (`folnet.arch.layer.memory_modes`), but
         for a call that asks for ``attentions``: that dict gets each softmax operator's
         activated kernel over the whole square, by symbol."""
         call = self.begin(u2, domain, context, unary_only, attentions)
@@ -259,7 +260,7 @@ class DualStreamLayer(nn.Module):
         dtype = autocast_dtype(u2.device)  # the normalised stream's: its operators' calls
         like = u2 if dtype is None else u2.new_empty((), dtype=dtype)
         # one pass for the mixer's binary residual and the FFN's norm: a whole bidirectional
-        # square whose FFN runs (`folnet.ops.kernels.residual_norm.why_not` says the rest)
+        # square whose FFN runs (`folnet.ops.primitives.residual_norm.why_not` says the rest)
         fuse = (rows["mixer"] is None and rows["ffn"] is None and domain.rows is None
                 and not unary_only and fused_norm_why_not(
                     u2, u2, causal=domain.causal,
@@ -369,7 +370,7 @@ class DualStreamLayer(nn.Module):
         weight, bias = adapters.weight(self.out_b), adapters.bias(self.out_b)
         if self.out_scaled["B"] and self.scales_in_weights(cat.device):
             weight = weight * self.output_scales("B", weight)  # (D2, M2): per column
-        # the CPU fast product (`folnet.ops.kernels.linear`) on the bidirectional square;
+        # the CPU fast product (`folnet.ops.primitives.linear`) on the bidirectional square;
         # causal layers keep the plain product their checkpoints' outputs were made with
         # (the two round differently: ~1e-7 relative)
         return mixed_u, (linear(cat, weight, bias) if domain.visible is None

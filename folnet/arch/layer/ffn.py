@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from folnet.arch import adapters
-from folnet.ops.kernels import binary_ffn
-from folnet.ops.kernels.dropout import RowMask
+from folnet.ops.primitives import binary_ffn
+from folnet.ops.primitives.dropout import RowMask
 
 
 class UnaryFFN(nn.Module):
@@ -37,7 +37,7 @@ class BinaryFFN(nn.Module):
 
     def forward(self, n2: torch.Tensor, n2t: torch.Tensor | None = None) -> torch.Tensor:
         """n2 (B, Q, n, D2) -> (B, Q, n, D2). ``n2t`` is the transposed input u2(y, x); None
-        for a full square, where it is ``n2`` transposed (`folnet.ops.kernels.binary_ffn`)."""
+        for a full square, where it is ``n2`` transposed (`folnet.ops.primitives.binary_ffn`)."""
         return binary_ffn(n2, *self._params(), nt=n2t)
 
     def blocks(self, u2: torch.Tensor, rows: int, *, keep: torch.Tensor | None = None,

@@ -21,9 +21,9 @@ import torch
 
 from folnet.arch.layer.dispatch import Dispatch, Mixer, Parts, Premasked
 from folnet.arch.layer.domain import ContextHook, Domain
-from folnet.ops.kernels import dropout_add, keep_mask
-from folnet.ops.kernels.dropout import RowMask, add_update, masked_scale, native
-from folnet.ops.kernels.residual_norm import residual_norm
+from folnet.ops.primitives import dropout_add, keep_mask
+from folnet.ops.primitives.dropout import RowMask, add_update, masked_scale, native
+from folnet.ops.primitives.residual_norm import residual_norm
 
 __all__ = ["LayerCall", "Residual", "mix", "project_all", "writes"]
 
@@ -82,7 +82,7 @@ class LayerCall:
     recompute: bool  # the blocks recomputed in the backward pass (the memory mode's choice)
     release_heap: bool = False  # they return the heap's free pages ("tight", on a CPU)
     # the mixer's binary residual and the binary FFN's LayerNorm as one fused op
-    # (`folnet.ops.kernels.residual_norm`: its why_not said None)
+    # (`folnet.ops.primitives.residual_norm`: its why_not said None)
     fuse_norm: bool = False
 
 

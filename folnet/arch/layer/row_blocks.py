@@ -1,7 +1,7 @@
 """The blocked runner: the layer's stages over blocks of query rows, each block recomputed in
-the backward pass (`folnet.ops.kernels.recompute`) -- the CPU's long-sequence memory modes
-(`folnet.arch.layer.memory` decides when; the layer's `forward` picks this runner or the stages
-as their equations, `folnet.arch.layer.mixer.mix` and `DualStreamLayer.binary_ffn_stage`,
+the backward pass (`folnet.ops.primitives.recompute`) -- the CPU's long-sequence memory modes
+(`folnet.arch.layer.memory_modes` decides when; the layer's `forward` picks this runner or the
+stages as their equations, `folnet.arch.layer.mixer.mix` and `DualStreamLayer.binary_ffn_stage`,
 which know nothing of it). `mix_blocks` runs the mixer, `ffn_blocks` the binary FFN; both give
 the whole square's outputs (tests/arch/test_blocked_models.py).
 
@@ -13,7 +13,7 @@ for all rows -- by the recomputed function's prologue, span by span, or, when a 
 hands them to a context hook (its context channels), before it. Every reduction runs along a
 row's columns, so each block's softmax is exact: blocks give the whole square's outputs.
 
-In blocks (`folnet.ops.kernels.recompute`) a block's projections, kernels and premises (N2
+In blocks (`folnet.ops.primitives.recompute`) a block's projections, kernels and premises (N2
 channels per pair) are alive for that block only; the binary update's residual dropout is
 applied inside the blocks, so that the gradient they receive is the residual's own, not a
 second full-size tensor, and (without a context hand-off) the blocks normalise their own slabs
@@ -36,7 +36,7 @@ from folnet.arch.layer.domain import Domain
 from folnet.arch.layer.mixer import LayerCall, Residual, writes
 from folnet.libc import release_free_memory
 from folnet.ops import Operand
-from folnet.ops.kernels.recompute import Block, Prologue, Slab, recompute_blocks
+from folnet.ops.primitives.recompute import Block, Prologue, Slab, recompute_blocks
 
 __all__ = ["ffn_blocks", "mix_blocks"]
 
@@ -99,7 +99,7 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 def mix_blocks(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, None]:
     """`folnet.arch.layer.mixer.mix` in ``call.spans``, each block of rows recomputed in the
-    backward pass (`folnet.ops.kernels.recompute`); the same outputs. Without a context hand-off
+    backward pass (`folnet.ops.primitives.recompute`); the same outputs. Without a context hand-off
     the blocks normalise their own slabs of u2, so that no normalised square is made or kept,
     and add the binary residual themselves (a hook needs n2 whole: it is made here). The third
     output, `mix`'s fused norm, is never made here (None)."""
@@ -124,7 +124,7 @@ def mix_blocks(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor
 
     def block(b: Block) -> dict[str, torch.Tensor]:
         parts = shared.operands(b)
-        if folded:  # (B, Q, n, D2) whole, normalised again per block when lean
+        if folded:  # (B, Q, n, D2) whole, normalised again per block when u2 is handed
             whole = norm(b.inputs["n2"])
             parts.update({k: layer.folded(k, whole) for k in folded})
         # one contiguous (normalised) copy of each slab, one block's worth: (B, R, D1),
@@ -151,7 +151,7 @@ def mix_blocks(layer: Mixer, call: LayerCall, u1: torch.Tensor, u2: torch.Tensor
     # slab: that slab then goes unread)
     slabs = {"n1 rows": Slab("n1", 1), "n2 rows": Slab("n2", 1),
              "n2 cols": Slab("n2", 2 if domain.rows is None else 1)}
-    # lean blocks read u2 itself: its residual is added inside the recomputed function, whose
+    # blocks handed u2 read it itself: its residual is added inside the recomputed function, whose
     # backward then sums u2's gradient into the update's incoming one (one square, not two)
     inside = {"binary": "n2"} if n2 is None and "B" in streams else {}
     if drop_b.mask is not None:

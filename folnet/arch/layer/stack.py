@@ -22,7 +22,7 @@ from folnet.arch.layer import DualStreamLayer
 from folnet.arch.layer.atoms import Atoms
 from folnet.arch.layer.domain import ContextHook, Domain
 from folnet.arch.plan import ArchPlan
-from folnet.ops.kernels import layer_norm
+from folnet.ops.primitives import layer_norm
 
 
 def make_layers(cfg: ModelConfig, plan: ArchPlan, *, causal: bool = False,
@@ -80,7 +80,7 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
         u1, u2 = atoms.unary(input_ids, token_type_ids, positions), None
     else:
         u1, u2 = atoms(input_ids, token_type_ids, positions, rel_ids, domain.n, domain.keep(),
-                       lean=checkpointing)
+                       redraw=checkpointing)
     last = len(layers) - 1
     for i, layer in enumerate(layers):
         if record is not None:
@@ -109,7 +109,7 @@ def run_stack(atoms: Atoms, layers: Sequence[DualStreamLayer], input_ids: torch.
 def _from_atoms(atoms: Atoms, layer: DualStreamLayer, rel_ids: torch.Tensor | None,
                 domain: Domain, u1: torch.Tensor, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The first layer on the binary atoms of ``u1``'s rows, made here (`run_stack`)."""
-    u2 = atoms.binary(rel_ids, u1, domain.n, domain.keep(), lean=True)
+    u2 = atoms.binary(rel_ids, u1, domain.n, domain.keep(), redraw=True)
     return layer(u1, u2, domain, **kw)
 
 

@@ -148,7 +148,7 @@ class XformersBackend(Backend):
     def why_not_spec(self, spec, causal):
         return SdpaBackend().why_not_spec(spec, causal)
 
-    def plan(self, spec, causal, dims):
+    def prepare(self, spec, causal, dims):
         _xformers_ops()  # resolved now, while nothing is traced
         return None
 

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from folnet.ops import masks
-from folnet.ops.kernels import dropout
+from folnet.ops.primitives import dropout
 from folnet.ops.spec import TOKEN_LETTERS, OperatorSpec
 
 LAYOUTS = ("cl", "cf", "fold")  # channels last, channels first, folded into the contraction
@@ -44,7 +44,7 @@ class Operand:
     ``tensor @ weight`` (+ ``bias``) with ``weight`` (*channels, D), ``bias`` (*channels).
     ``sink`` (a materialised operand read whole by each block of rows): a tensor of its shape
     and layout to which a backend may add the operand's gradient in place
-    (`folnet.ops.kernels.sink`) instead of returning it -- or ignore, leaving it to autograd."""
+    (`folnet.ops.primitives.sink`) instead of returning it -- or ignore, leaving it to autograd."""
 
     tensor: torch.Tensor
     letters: tuple[str, ...]
@@ -95,12 +95,12 @@ class Backend:
     def why_not_spec(self, spec: OperatorSpec, causal: bool) -> str | None:
         return None
 
-    def plan(self, spec: OperatorSpec, causal: bool,
-             dims: tuple[tuple[str, int], ...] | None) -> object | None:
+    def prepare(self, spec: OperatorSpec, causal: bool,
+                dims: tuple[tuple[str, int], ...] | None) -> object | None:
         """What this backend decides once, when an operator is compiled (`CompiledOperator`
-        keeps it as ``op.plans[name]``), so that no call plans again: a traced call
+        keeps it as ``op.prepared[name]``), so that no call prepares again: a traced call
         (torch.compile, torch.export) could not -- the planning parses size expressions and
-        searches contraction orders, each a graph break. None: nothing to plan."""
+        searches contraction orders, each a graph break. None: nothing to prepare."""
         return None
 
     def layout(self, op: CompiledOperator, role: str) -> str:

@@ -35,7 +35,7 @@ import torch
 
 from folnet.ops.backends.attention import attention_layout
 from folnet.ops.backends.base import Backend, Operand, activate
-from folnet.ops.kernels.sink import sink_einsum
+from folnet.ops.primitives.sink import sink_einsum
 from folnet.ops.sizes import channel_sizes
 from folnet.ops.spec import ROLES, TOKEN_LETTERS, OperatorSpec
 from folnet.tracing import traced
@@ -56,8 +56,8 @@ class Term:
 
 
 @dataclass(frozen=True)
-class FusedPlan:
-    """The fused backend's decisions for one compiled operator (`FusedBackend.plan`): which of
+class FusedPrepared:
+    """The fused backend's decisions for one compiled operator (`FusedBackend.prepare`): which of
     kernel and premise to fold, and the einsum terms of every (folded, biased) combination a
     call can hand over, each with its contraction order."""
 
@@ -133,7 +133,7 @@ def _cost(t: Term, sizes: dict[str, int]) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def fold_plan(spec: OperatorSpec, dims: tuple[tuple[str, int], ...], batch: int = 8,
+def fold_choice(spec: OperatorSpec, dims: tuple[tuple[str, int], ...], batch: int = 8,
               seq_len: int = 128) -> tuple[tuple[str, bool], ...]:
     """Which of kernel and premise to fold for a model of dimensions ``dims``: where opt_einsum
     costs the folded contraction below materialising (projection GEMM + contraction) at a
@@ -198,7 +198,7 @@ def run_terms(plan: tuple[Term, ...], operands: dict[str, list[torch.Tensor]],
 
     ``operands[role]`` is ``[tensor]`` or ``[stream, weight]``; ``bias[role]`` the folded
     tensor's projection bias (channels only); ``sinks[role]`` where a materialised tensor's
-    gradient is added in place (`folnet.ops.kernels.sink`: two-tensor terms only). The result
+    gradient is added in place (`folnet.ops.primitives.sink`: two-tensor terms only). The result
     is laid out as ``full_letters``."""
     full_shape = [sizes[c] for c in full_letters]
     is_traced = traced()
@@ -250,19 +250,19 @@ class FusedBackend(Backend):
             return "a padding mask on a reduction without softmax needs the materialised kernel"
         return None
 
-    def plan(self, spec, causal, dims):
+    def prepare(self, spec, causal, dims):
         if self.why_not_spec(spec, causal) is not None:
             return None
-        fold = dict(fold_plan(spec, dims)) if dims is not None else dict.fromkeys(ROLES, False)
+        fold = dict(fold_choice(spec, dims)) if dims is not None else dict.fromkeys(ROLES, False)
         flags = ((False, False), (False, True), (True, False), (True, True))
-        return FusedPlan(fold, {(folded, biased): terms(spec, folded, biased)
+        return FusedPrepared(fold, {(folded, biased): terms(spec, folded, biased)
                                 for folded in flags for biased in flags})
 
     def layout(self, op, role):
         spec = op.spec
         if spec.stream(role) == "U":
             return "cl"
-        if op.plans["fused"].fold[role]:
+        if op.prepared["fused"].fold[role]:
             return "fold"
         return "cf" if attention_layout(spec) is not None else "cl"
 
@@ -284,7 +284,7 @@ class FusedBackend(Backend):
             operands[role] = [Operand(t, operand.letters).laid_out(spec.tensor(role))]
             if operand.sink is not None and t is operand.tensor:  # (not once activated)
                 sinks[role] = operand.sink_laid_out(spec.tensor(role))
-        plan = op.plans["fused"].terms[(kernel.folded, premise.folded),
+        plan = op.prepared["fused"].terms[(kernel.folded, premise.folded),
                                        (kernel.bias is not None, premise.bias is not None)]
         out = run_terms(plan, operands, bias, sizes, output_letters(spec), sinks)
         letters = output_letters(spec)[1:]

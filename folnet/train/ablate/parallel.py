@@ -24,7 +24,7 @@ from pathlib import Path
 
 from folnet.train.ablate.plan import AblationRow
 from folnet.train.ablate.rows import open_row_log, row_log, running_message, seed_dir, seed_holder
-from folnet.train.engine.memory import SHARE_ENV
+from folnet.train.engine.memory_budget import SHARE_ENV
 from folnet.train.engine.procs import stop_processes
 
 __all__ = ["KILLED_RETRIES", "ParallelOutcome", "run_parallel", "unit_command"]

@@ -40,7 +40,7 @@ from folnet.train.ablate.rows import (
     seed_dir,
     seed_holder,
 )
-from folnet.train.engine.memory import SHARE_ENV
+from folnet.train.engine.memory_budget import SHARE_ENV
 
 __all__ = ["Cancelled", "UnitTask", "load_submitit", "run_submitted", "submitit_folder"]
 

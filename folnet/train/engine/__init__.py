@@ -7,8 +7,8 @@
 * `step_checkpoints`: atomic training checkpoints on disk, found and checked on resume;
   `sharded`: FSDP's checkpoints, written by every rank; `state`: what each rank saves and
   restores;
-* `guard`: non-finite losses and weights; `memory`: fitting a step's batch to the memory;
-  `lock` and `outdir`: one run per ``--out``, owning only it; `runlog`: the JSONL/CSV/
+* `guard`: non-finite losses and weights; `memory_budget`: fitting a step's batch to the
+  memory; `lock` and `outdir`: one run per ``--out``, owning only it; `runlog`: the JSONL/CSV/
   TensorBoard logs and the progress lines; `procs`: child processes that end with their
   parent.
 """

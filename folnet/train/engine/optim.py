@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from folnet.errors import FolnetError, choices
-from folnet.ops.kernels.device import kernel_device
+from folnet.ops.primitives.device import kernel_device
 from folnet.train.engine.lamb import Lamb
 
 __all__ = [

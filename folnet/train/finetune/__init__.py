@@ -6,7 +6,7 @@
 * `loop` is the generic training loop and batched prediction;
 * `evaluate` scores splits and writes predictions (``folnet evaluate``);
 * `run` is the whole multi-seed run (``folnet finetune``);
-* `heads` trains multiple-choice and token-classification heads from Python;
+* `from_python` trains multiple-choice and token-classification heads from Python data;
 * `generation` finetunes the text kinds on text-to-text tasks from Python;
 * `cli` registers both commands.
 

@@ -5,7 +5,7 @@
 ``start_positions``/``end_positions`` for QA): AdamW over `parameter_groups` (biases not
 decayed), linear warmup then linear decay, optional gradient clipping, optional autocast. It
 knows nothing about tasks, so the Python API can drive it with any batches (see
-`folnet.train.finetune.heads`).
+`folnet.train.finetune.from_python`).
 
 Why batches are trimmed (`trim`): inputs are encoded to the task's full length (128 to 512),
 but FOLNet's binary stream costs T^2 and its ``t`` operator T^3, so cutting every batch after its

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from folnet.arch.config import OVERRIDES
-from folnet.arch.layer.memory import MEMORY_MODES
+from folnet.arch.layer.memory_modes import MEMORY_MODES
 from folnet.errors import FolnetError, choices
 from folnet.ops.registry import ensure_registered, read_operator_file
 from folnet.ops.spec import parse_spec, spec_to_dict
@@ -37,7 +37,7 @@ from folnet.train.data.config import (
 )
 from folnet.train.data.tokenizer_inputs import MIN_BPE_VOCAB, TOKENIZER_MODELS
 from folnet.train.engine.amp import PRECISIONS
-from folnet.train.engine.memory import parse_budget
+from folnet.train.engine.memory_budget import parse_budget
 from folnet.train.engine.optim import OPTIMIZERS, SCHEDULES
 from folnet.train.options import Options, load_layered, option, specs_file
 

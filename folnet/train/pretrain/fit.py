@@ -1,4 +1,4 @@
-"""Pretraining's side of fitting the step to the machine (`folnet.train.engine.memory`).
+"""Pretraining's side of fitting the step to the machine (`folnet.train.engine.memory_budget`).
 
 The estimate is made on a meta-device copy of the run's model (no memory, little time): the
 `folnet.arch.info` count of what autograd saves per sequence, in the memory mode the layers
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from folnet.arch.info import saved_bytes
-from folnet.arch.layer.memory import auto_blocks
-from folnet.train.engine.memory import Fit, StepMemory, fit_batch, resolve_budget
+from folnet.arch.layer.memory_modes import auto_blocks
+from folnet.train.engine.memory_budget import Fit, StepMemory, fit_batch, resolve_budget
 from folnet.train.pretrain.config import PretrainConfig
 from folnet.train.pretrain.inputs import build_pretraining_model
 

@@ -59,7 +59,7 @@ from folnet.train.engine.distributed import (
 )
 from folnet.train.engine.guard import StepGuard, advance_schedule, gradient_norm
 from folnet.train.engine.lock import RunLock
-from folnet.train.engine.memory import allocation_failure
+from folnet.train.engine.memory_budget import allocation_failure
 from folnet.train.engine.optim import step_unless
 from folnet.train.engine.outdir import FreshStart, check_out
 from folnet.train.engine.peers import lost_peer

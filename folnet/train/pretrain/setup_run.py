@@ -35,7 +35,7 @@ from folnet.train.engine.amp import check_precision, make_grad_scaler
 from folnet.train.engine.compiled import check_compile_mode, compile_module
 from folnet.train.engine.distributed import DistContext, wrap_model
 from folnet.train.engine.lock import RunLock
-from folnet.train.engine.memory import Fit
+from folnet.train.engine.memory_budget import Fit
 from folnet.train.engine.optim import build_optimizer, build_scheduler, reschedule, schedule_rule
 from folnet.train.engine.runlog import TrainLogger
 from folnet.train.engine.sharded import load_sharded_state

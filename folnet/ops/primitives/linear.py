@@ -8,7 +8,7 @@ its consumer wants, with a backward that accumulates into one input gradient. Ev
 back to plain ``F.linear`` off the CPU fast path (other devices, dtypes oneDNN lacks here,
 torch.compile tracing, torch.func transforms). The autograd Functions compose with torch.func
 (``grad``, ``vmap``, ``jacrev``): their gradients are built out of place under a transform
-(`folnet.ops.kernels.functorch`).
+(`folnet.ops.primitives.functorch`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from folnet.ops.kernels.autocast import cast_once
-from folnet.ops.kernels.device import kernel_device
-from folnet.ops.kernels.functorch import transformed
+from folnet.ops.primitives.autocast import cast_once
+from folnet.ops.primitives.device import kernel_device
+from folnet.ops.primitives.functorch import transformed
 
 
 def _onednn_linear_op():

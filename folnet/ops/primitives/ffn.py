@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.autocast import cast_once
-from folnet.ops.kernels.dropout import RowMask, masked_scale
-from folnet.ops.kernels.functorch import transformed
-from folnet.ops.kernels.linear import mm_linear, onednn_ok, wgrad
-from folnet.ops.kernels.norm import layer_norm_backward, layer_norm_stats
+from folnet.ops.primitives.autocast import cast_once
+from folnet.ops.primitives.dropout import RowMask, masked_scale
+from folnet.ops.primitives.functorch import transformed
+from folnet.ops.primitives.linear import mm_linear, onednn_ok, wgrad
+from folnet.ops.primitives.norm import layer_norm_backward, layer_norm_stats
 
 __all__ = ["binary_ffn"]
 

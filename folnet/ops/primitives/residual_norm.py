@@ -4,7 +4,7 @@
 Eager, the mixer's update of u2 and the binary FFN's LayerNorm are three passes over the square
 forward (dropout, add, norm) and more backward; here they are one custom op
 (``folnet::residual_norm``, opaque to torch.compile, which keeps it in its graph) whose CUDA
-kernel (`folnet.ops.kernels.triton_residual_norm`, Triton) reads u and x once, writes y and n
+kernel (`folnet.ops.primitives.triton_residual_norm`, Triton) reads u and x once, writes y and n
 once, and draws the dropout's keep mask inside the kernel from a seed -- a one-element tensor
 drawn from torch's generator on the device (no host sync) --, so that no mask is stored: the
 backward pass (``folnet::residual_norm_backward``, one kernel) draws the same bits again.
@@ -13,7 +13,7 @@ Which calls take it is `why_not`'s answer, the way an operator's backends answer
 (`folnet.ops.backends.base`): None, or the reason the eager ops run instead -- no Triton on a
 CUDA device, a causal layer (its visibility multiplies the stream after the add), a torch.func
 transform, a stream too wide or too long for the kernel. On CPU tensors that make CUDA's kernel
-choices (`folnet.ops.kernels.device.emulate`: the census, the tests) the op runs its CPU form,
+choices (`folnet.ops.primitives.device.emulate`: the census, the tests) the op runs its CPU form,
 whose keep mask a CPU generator seeded from the same seed draws; under ``TRITON_INTERPRET=1``
 CPU tensors run the Triton kernels themselves (tests/ops/test_residual_norm.py). `reference` is
 the eager arithmetic every form is tested against.
@@ -30,9 +30,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-from folnet.ops.kernels.device import kernel_device
-from folnet.ops.kernels.dropout import native
-from folnet.ops.kernels.functorch import transformed
+from folnet.ops.primitives.device import kernel_device
+from folnet.ops.primitives.dropout import native
+from folnet.ops.primitives.functorch import transformed
 
 __all__ = ["reference", "residual_norm", "triton_available", "why_not"]
 
@@ -55,7 +55,7 @@ def _interpreted() -> bool:
 
 
 def _triton():  # imported when first run: importing Triton costs a second
-    from folnet.ops.kernels import triton_residual_norm
+    from folnet.ops.primitives import triton_residual_norm
 
     return triton_residual_norm
 

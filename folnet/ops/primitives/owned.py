@@ -1,7 +1,7 @@
 """Whether autograd alone holds a gradient, so that a backward pass may write into it.
 
 Why: a recomputed function whose output is its input plus an update (a residual,
-`folnet.ops.kernels.recompute`) can sum the input's gradient into the output's incoming
+`folnet.ops.primitives.recompute`) can sum the input's gradient into the output's incoming
 gradient itself instead of into a second full-size tensor -- but only if nothing else reads
 that tensor afterwards. Autograd hands one gradient to several nodes where an op's backward
 returns it unchanged for two inputs (an add), so the answer is read from torch's own reference
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from folnet.ops.kernels.functorch import transformed
+from folnet.ops.primitives.functorch import transformed
 
 __all__ = ["incoming_alone"]
 

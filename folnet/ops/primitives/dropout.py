@@ -10,7 +10,7 @@ seeding and RNG-state checkpoints cover it. Every device draws this way: the row
 draws its masks with `keep_mask` (one per block, then handed in), so the whole square must draw
 the same masks for the memory mode never to change the function computed.
 
-On CUDA (`folnet.ops.kernels.device.kernel_device`) `dropout` and `dropout_add` call torch's
+On CUDA (`folnet.ops.primitives.device.kernel_device`) `dropout` and `dropout_add` call torch's
 fused dropout instead (``native_dropout``, what ``F.dropout`` runs on CUDA, called by name so
 that an emulated CUDA step on a CPU counts the same: one kernel forward, one backward, where
 the keep mask takes seven launches): there the row blocks, when forced, draw their own masks,
@@ -34,9 +34,9 @@ from itertools import pairwise
 import torch
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.device import kernel_device
-from folnet.ops.kernels.functorch import transformed, vmap_randomness
-from folnet.ops.kernels.rng import replay, rng_state
+from folnet.ops.primitives.device import kernel_device
+from folnet.ops.primitives.functorch import transformed, vmap_randomness
+from folnet.ops.primitives.rng import replay, rng_state
 from folnet.tracing import traced
 
 _LANES = 4  # 15-bit lanes per 64-bit random word
@@ -115,7 +115,7 @@ class RowMask:
     would make them), so that any span's rows -- (B, R, ...) -- can be drawn again alone.
 
     Why: a stage run in row blocks and recomputed in the backward pass
-    (`folnet.ops.kernels.recompute`, `folnet.ops.kernels.ffn`) reads its residual's mask one
+    (`folnet.ops.primitives.recompute`, `folnet.ops.primitives.ffn`) reads its residual's mask one
     block at a time; keeping these states (5 KB each) instead of the mask frees a quarter of
     the stream's float32 bytes between the passes, for one more draw of it."""
 

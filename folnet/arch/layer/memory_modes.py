@@ -3,7 +3,7 @@
 The binary stream is B x T x T x D2 per layer, and its stages' working sets are wider still:
 the mixer's projections, kernels and premises (N2 channels per pair), the binary FFN's hidden
 layer (F2 = 4 D2). Blocked, both stages run over blocks of query rows and recompute each
-block in the backward pass (`folnet.arch.layer.row_blocks`, `folnet.ops.kernels.recompute`), so
+block in the backward pass (`folnet.arch.layer.row_blocks`, `folnet.ops.primitives.recompute`), so
 what stays alive is the binary stream itself (and ``t``'s premise, which every row reads
 whole). The mode is a property of a run, not of the architecture -- it changes what is kept
 for the backward pass, never the function computed -- so it is set on a built model

@@ -1,9 +1,9 @@
 """A device's default random generator, saved and replayed.
 
 Why: what a forward pass drew must be drawn again, identically, when its backward pass
-recomputes it -- a block of rows (`folnet.ops.kernels.recompute`) or a dropout mask kept as
+recomputes it -- a block of rows (`folnet.ops.primitives.recompute`) or a dropout mask kept as
 the generator state it came from rather than as one byte per element
-(`folnet.ops.kernels.dropout`). Replaying leaves the generator where it was: the draws that
+(`folnet.ops.primitives.dropout`). Replaying leaves the generator where it was: the draws that
 follow the backward pass are those of a run that never replayed.
 """
 

@@ -1,4 +1,4 @@
-"""The Triton kernels of `folnet.ops.kernels.residual_norm`: one pass over the binary stream
+"""The Triton kernels of `folnet.ops.primitives.residual_norm`: one pass over the binary stream
 for ``y = u + drop(x)`` and ``n = LN(y)`` forward, one for their gradients backward.
 
 Each program takes `rows` rows (pairs) of ``D`` channels: it reads u and x, draws the keep
@@ -6,7 +6,7 @@ mask inside the kernel from a seed (Philox, ``tl.rand(seed, offset)``, the offse
 element's flat index: the backward pass draws the same bits again, so no mask is stored or
 read), writes y and n, and one mean and one reciprocal deviation per row. The backward reads
 y, the two statistics and the incoming gradients of y and n, and writes the gradients of u
-and x. Importing this module needs Triton; `folnet.ops.kernels.residual_norm` imports it only
+and x. Importing this module needs Triton; `folnet.ops.primitives.residual_norm` imports it only
 when Triton imports, and runs it on CUDA tensors (or on CPU tensors under
 ``TRITON_INTERPRET=1``, which is how the tests run it without a GPU).
 

@@ -1,4 +1,4 @@
-"""What a block of rows receives from `folnet.ops.kernels.recompute.recompute_blocks`, by name:
+"""What a block of rows receives from `folnet.ops.primitives.recompute.recompute_blocks`, by name:
 the slabs it reads by rows (`Slab`), what every block reads whole (`Prologue`), and the one
 `Block` each call of the caller's function gets. Kept apart from the recompute machinery,
 which callers (`folnet.arch.layer.row_blocks`) drive through these types alone."""
@@ -33,7 +33,7 @@ class Block:
     `Slab`'s rows, by the slab's name; ``made`` the prologue's tensors over all rows, by name
     (empty without a prologue, and inside the prologue itself); ``sinks`` None in the forward
     pass, in the backward pass zeros like each made tensor, to which the block may add that
-    tensor's gradient in place (`folnet.ops.kernels.sink`)."""
+    tensor's gradient in place (`folnet.ops.primitives.sink`)."""
 
     r0: int
     r1: int

@@ -12,7 +12,7 @@ the same names.
 
 A ``residual`` (output name -> input name) adds that input to the output inside the function.
 Its backward pass then sums the input's gradient into the output's incoming gradient itself
-when autograd holds that tensor alone (`folnet.ops.kernels.owned`), so a long layer's backward
+when autograd holds that tensor alone (`folnet.ops.primitives.owned`), so a long layer's backward
 keeps one full-size gradient of its binary stream, not the incoming one and a total beside it.
 The incoming rows of a block not yet run are its upstream, so what a block's column slab adds
 to later blocks' rows waits in block-by-block pieces (`_Totals`) until those rows have run: at
@@ -34,12 +34,12 @@ from types import MappingProxyType
 
 import torch
 
-from folnet.ops.kernels.autocast import AutocastState
-from folnet.ops.kernels.blocks import Block, Prologue, Slab, Tensors
-from folnet.ops.kernels.dropout import RowMask
-from folnet.ops.kernels.functorch import transformed
-from folnet.ops.kernels.owned import incoming_alone
-from folnet.ops.kernels.rng import replay, rng_state
+from folnet.ops.primitives.autocast import AutocastState
+from folnet.ops.primitives.blocks import Block, Prologue, Slab, Tensors
+from folnet.ops.primitives.dropout import RowMask
+from folnet.ops.primitives.functorch import transformed
+from folnet.ops.primitives.owned import incoming_alone
+from folnet.ops.primitives.rng import replay, rng_state
 
 __all__ = ["Block", "Prologue", "Slab", "recompute_blocks"]
 
@@ -63,7 +63,7 @@ class _Job:
     outputs: list[Hashable] = field(default_factory=list)  # run's, set by the forward pass
     states: list[torch.Tensor] = field(default_factory=list)  # each span's RNG state, likewise
 
-    def hand_back(self) -> None:
+    def release_heap(self) -> None:
         """``release()`` when one was given (the "tight" memory mode's heap release)."""
         if self.release is not None:
             self.release()
@@ -100,7 +100,7 @@ class _RecomputedBlocks(torch.autograd.Function):
     def forward(job: _Job, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = dict(zip(job.names, tensors, strict=False))  # then the parameters
         device = tensors[0].device
-        job.hand_back()  # the holes the layers before left, handed back first
+        job.release_heap()  # the holes the layers before left, handed back first
         job.states.clear()
         made = job.made(inputs)
 
@@ -131,7 +131,7 @@ class _RecomputedBlocks(torch.autograd.Function):
                          strict=True))
         used = [name for name, g in zip(job.outputs, grads, strict=True) if g is not None]
         grads = dict(zip(job.outputs, grads, strict=True))
-        job.hand_back()  # the holes earlier stages left, handed back first
+        job.release_heap()  # the holes earlier stages left, handed back first
         totals = _Totals(saved, job)
         if used:
             wanted = {name for k, name in enumerate(job.names) if ctx.needs_input_grad[1 + k]}
@@ -162,7 +162,7 @@ class _RecomputedBlocks(torch.autograd.Function):
             totals.settle()  # every block's upstream is read: add straight in
             del made
             totals.prologue(wanted, sinks, restore)
-        job.hand_back()  # and the ones this stage's blocks left
+        job.release_heap()  # and the ones this stage's blocks left
         return (None, *(totals.inputs.get(name) for name in job.names),
                 *(totals.params.get(id(p)) for p in job.params))
 

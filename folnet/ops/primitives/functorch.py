@@ -5,16 +5,16 @@ Why: under a transform (``grad``, ``vmap``, ``jacrev`` ...) the kernels change *
 compute, never *what*:
 
 * oneDNN's linear has neither a batching rule nor a derivative formula, so the products run as
-  plain torch ops (`folnet.ops.kernels.linear.onednn_ok`);
+  plain torch ops (`folnet.ops.primitives.linear.onednn_ok`);
 * a buffer filled in place (an output written block by block of rows, a weight gradient summed
   over blocks) is built out of place instead: under vmap an unbatched buffer cannot take a
   batched value in place;
-* a block recomputed in the backward pass (`folnet.ops.kernels.recompute`) re-enters autograd
+* a block recomputed in the backward pass (`folnet.ops.primitives.recompute`) re-enters autograd
   on the layer's own parameters, which a transform cannot follow: the blocks run as plain
   differentiable ops instead, keeping their graphs (a transform keeps them anyway);
 * dropout draws one mask per call through torch's default generator: under vmap that is
   torch's ``randomness="same"``, and the other modes are refused
-  (`folnet.ops.kernels.dropout.keep_mask`).
+  (`folnet.ops.primitives.dropout.keep_mask`).
 
 Inside an autograd Function's forward under ``grad`` no transform is running (torch runs it on
 the unwrapped tensors), so the eager fast path applies there; under ``vmap`` one is.

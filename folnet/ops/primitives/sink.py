@@ -16,8 +16,8 @@ import torch
 from einops import rearrange
 
 from folnet.errors import FolnetError
-from folnet.ops.kernels.autocast import cast_once
-from folnet.ops.kernels.functorch import transformed
+from folnet.ops.primitives.autocast import cast_once
+from folnet.ops.primitives.functorch import transformed
 
 __all__ = ["sink_einsum"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from folnet.ops.kernels.device import kernel_device
+from folnet.ops.primitives.device import kernel_device
 
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_stats"]
 
@@ -30,7 +30,7 @@ def layer_norm_stats(x: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`layer_norm` over x's last dim with the statistics its backward reads: (y, mean, rstd),
     the statistics (..., 1). For a kernel that differentiates a normalisation by hand (the
-    binary FFN's blocks, `folnet.ops.kernels.ffn`): the same ATen kernel with a weight of ones
+    binary FFN's blocks, `folnet.ops.primitives.ffn`): the same ATen kernel with a weight of ones
     and a bias of zeros, so ``y`` holds `layer_norm`'s bits on a CPU."""
     width = x.shape[-1]
     return torch.native_layer_norm(x, [width], x.new_ones(width), x.new_zeros(width), eps)
