@@ -31,7 +31,7 @@ from harness import (
 )
 
 import folnet
-from folnet.ops.backends import BACKENDS, Call
+from folnet.ops.backends import BACKENDS, OpCall
 from folnet.ops.compiler import compile_operator
 from folnet.ops.sizes import evaluate_int
 from folnet.runtime import tune_cpu_allocator
@@ -42,7 +42,7 @@ def case(symbol: str, backend: str, batch: int, seq_len: int, dims: dict, device
     spec = folnet.get_operator(symbol)
     sizes = {c: seq_len for c in "xya"}
     sizes.update({c: evaluate_int(e, dims, what=c) for c, e in spec.sizes})
-    call = Call(torch.device(device), dtype, False, False, True)
+    call = OpCall(torch.device(device), dtype, False, False, True)
     reason = BACKENDS[backend].why_not(spec, call)
     if reason is not None:
         return None, reason

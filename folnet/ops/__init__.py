@@ -1,6 +1,6 @@
 """Neural logic operators as data: specs, registry, compiled kernels."""
 
-from folnet.ops.backends import BACKENDS, PRIORITY, Call, Operand
+from folnet.ops.backends import BACKENDS, PRIORITY, OpCall, Operand
 from folnet.ops.compiler import BACKEND_NAMES, CompiledOperator, compile_operator
 from folnet.ops.registry import (
     get_operator,
@@ -15,8 +15,8 @@ __all__ = [
     "BACKENDS",
     "BACKEND_NAMES",
     "PRIORITY",
-    "Call",
     "CompiledOperator",
+    "OpCall",
     "Operand",
     "OperatorSpec",
     "Projection",

@@ -27,7 +27,7 @@ import torch
 
 from folnet.errors import FolnetError, choices
 from folnet.ops import masks
-from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, Call, Operand
+from folnet.ops.backends import BACKENDS, DEFAULT_PRIORITY, PRIORITY, Backend, OpCall, Operand
 from folnet.ops.backends.base import activated_kernel
 from folnet.ops.backends.einsum import contract
 from folnet.ops.primitives import dropout
@@ -91,20 +91,20 @@ class CompiledOperator:
                 f"causal={self.causal})")
 
     # -- dispatch ------------------------------------------------------------------------------
-    def call(self, tensor: torch.Tensor, *, padded: bool, requires_grad: bool,
-             rows: bool = False, materialise: bool = False) -> Call:
-        """The `Call` a backend decides on, for tensors like ``tensor``."""
-        return Call(device=tensor.device, dtype=tensor.dtype, causal=self.causal,
-                    padded=padded, requires_grad=requires_grad, rows=rows,
-                    materialise=materialise)
+    def describe_call(self, tensor: torch.Tensor, *, padded: bool, requires_grad: bool,
+                      rows: bool = False, materialise: bool = False) -> OpCall:
+        """The `OpCall` a backend decides on, for tensors like ``tensor``."""
+        return OpCall(device=tensor.device, dtype=tensor.dtype, causal=self.causal,
+                      padded=padded, requires_grad=requires_grad, rows=rows,
+                      materialise=materialise)
 
-    def select(self, call: Call) -> Backend:
+    def select(self, call: OpCall) -> Backend:
         """The backend that runs ``call`` (raises if a forced backend cannot)."""
         # (while tracing, the function itself: torch.compile would skip the cache and warn)
         select = _select.__wrapped__ if traced() else _select
         return select(self.spec, self.backend, call, kernel_device(call.device))
 
-    def route(self, call: Call) -> Route:
+    def route(self, call: OpCall) -> Route:
         """The backend that runs ``call`` and the layouts it wants (`Route`)."""
         return self.route_by(self.select(call))
 
@@ -121,8 +121,8 @@ class CompiledOperator:
     def explain(self, kernel: torch.Tensor, premise: torch.Tensor,
                 mask: torch.Tensor | None = None, *, rows: torch.Tensor | None = None) -> str:
         """Which backend runs these inputs, and why each other one does not."""
-        call = self.call(kernel, padded=mask is not None, rows=rows is not None,
-                         requires_grad=kernel.requires_grad or premise.requires_grad)
+        call = self.describe_call(kernel, padded=mask is not None, rows=rows is not None,
+                                  requires_grad=kernel.requires_grad or premise.requires_grad)
         chosen = self.select(call)
         lines = [f"{self!r} on {call.device.type}/{call.dtype}: runs on {chosen.name!r}"]
         if self.dims is not None:
@@ -142,7 +142,7 @@ class CompiledOperator:
         calls this with tensors it built). Returns the output laid out as the spec's."""
         if route is None:
             t = kernel.tensor
-            route = self.route(self.call(
+            route = self.route(self.describe_call(
                 t, padded=pad is not None, rows=order is not None and order.rows is not None,
                 requires_grad=t.requires_grad or premise.tensor.requires_grad))
         return route.backend.run(self, kernel, premise, pad, order=order, dropout_p=dropout_p,
@@ -212,8 +212,8 @@ class CompiledOperator:
         if bad:
             raise FolnetError(f"operator {self.spec.symbol!r}: premasked names {bad}; use "
                               f"{choices(ROLES)}")
-        call = self.call(kernel, padded=mask is not None, rows=rows is not None,
-                         requires_grad=kernel.requires_grad or premise.requires_grad)
+        call = self.describe_call(kernel, padded=mask is not None, rows=rows is not None,
+                                  requires_grad=kernel.requires_grad or premise.requires_grad)
         return self.run(Operand(kernel, self.spec.kernel), Operand(premise, self.spec.premise),
                         mask, order=order, dropout_p=float(dropout_p),
                         premasked=frozenset(premasked), route=self.route(call))
@@ -287,7 +287,7 @@ def _cannot(spec: OperatorSpec, backend: str, reasons: list[tuple[str, str | Non
 
 
 @functools.lru_cache(maxsize=1024)
-def _select(spec: OperatorSpec, backend: str, call: Call, device_type: str) -> Backend:
+def _select(spec: OperatorSpec, backend: str, call: OpCall, device_type: str) -> Backend:
     """The backend for ``call``: the first of ``backend``'s list, or of ``device_type``'s
     priority (`folnet.ops.primitives.device.kernel_device`), that supports it."""
     names = parse_backend(backend)

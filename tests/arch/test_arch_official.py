@@ -56,7 +56,7 @@ def test_fixture_matches_in_row_blocks(reference, block_rows):
 def test_fixture_matches_on_every_cpu_backend(reference, backend):
     model = folnet.load_official(PREFIX, backend=backend)
     layer = model.encoder.layers[0]
-    call = layer.ops[0].call(torch.zeros(1), padded=False, requires_grad=False)
+    call = layer.ops[0].describe_call(torch.zeros(1), padded=False, requires_grad=False)
     assert {op.select(call).name for op in layer.ops} == {backend}  # chosen by the argument
     _check(model, reference)
 
@@ -69,8 +69,8 @@ def test_fixture_matches_with_sdpa_where_it_applies(reference):
     with pytest.raises(folnet.FolnetError, match=r"'a' cannot run on backend 'sdpa'"):
         folnet.load_official(PREFIX, backend="sdpa")
     model = folnet.load_official(PREFIX, backend="sdpa,fused")
-    call = model.encoder.layers[0].ops[0].call(torch.zeros(1), padded=False,
-                                               requires_grad=False)
+    call = model.encoder.layers[0].ops[0].describe_call(torch.zeros(1), padded=False,
+                                                        requires_grad=False)
     chosen = {op.spec.symbol: op.select(call).name for op in model.encoder.layers[0].ops}
     assert chosen == {"j": "sdpa", "m": "sdpa", "c": "sdpa", "a": "fused", "p": "fused",
                       "t": "sdpa"}

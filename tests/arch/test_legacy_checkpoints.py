@@ -65,8 +65,8 @@ def test_rpe_star_layers_keep_the_materialised_path():
     takes einsum there, and forcing the fused path says why it cannot."""
     model, ref = _load("encoder-qa-rpestar")
     layer = model.encoder.layers[0]
-    call = layer.ops[0].call(ref["input_ids"].float(), padded=False, requires_grad=False,
-                             materialise=True)
+    call = layer.ops[0].describe_call(ref["input_ids"].float(), padded=False, requires_grad=False,
+                                      materialise=True)
     assert {op.select(call).name for op in layer.ops} == {"einsum"}
     with pytest.raises(folnet.FolnetError, match="asks for the materialised kernel"):
         _encoder_runs(_load("encoder-qa-rpestar", "fused")[0], ref)

@@ -123,7 +123,7 @@ def test_the_adapter_reaches_the_fused_backends_folded_contraction(tmp_path):
     model = _model("full", "auto", tmp_path)
     layer = model.native.encoder.layers[0]
     ids = _batch()["input_ids"][:, :6]
-    call = layer.ops[0].call(torch.zeros(1), padded=False, requires_grad=False)
+    call = layer.ops[0].describe_call(torch.zeros(1), padded=False, requires_grad=False)
     p = next(op for op in layer.ops if op.spec.symbol == "p")
     assert p.route(call).layouts["premise"] == "fold"  # the case under test
     lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["proj_b"],

@@ -35,7 +35,7 @@ from tolerances import (
 )
 
 import folnet
-from folnet.ops.backends import BACKENDS, PRIORITY, Call
+from folnet.ops.backends import BACKENDS, PRIORITY, OpCall
 from folnet.ops.compiler import compile_operator
 from folnet.ops.primitives.device import emulate
 from folnet.ops.primitives.dropout import portable_masks
@@ -114,12 +114,13 @@ def _against_float64(op, symbol: str, device: str, dtype: torch.dtype, padded: b
 def test_backend_matches_the_float64_reference(device, symbol, backend, kind, dtype):
     spec = folnet.get_operator(symbol)
     causal, padded = kind == "causal", kind == "padded"
-    reason = BACKENDS[backend].why_not(spec, Call(torch.device(device), dtype, causal, padded,
+    reason = BACKENDS[backend].why_not(spec, OpCall(torch.device(device), dtype, causal, padded,
                                                   True))
     if reason is not None:
         pytest.skip(f"{backend} cannot run {symbol!r} on {device}: {reason}")
     op = compile_operator(symbol, backend, causal=causal)
-    call = op.call(torch.zeros(1, device=device, dtype=dtype), padded=padded, requires_grad=True)
+    call = op.describe_call(torch.zeros(1, device=device, dtype=dtype), padded=padded,
+                            requires_grad=True)
     assert op.select(call).name == backend
     _against_float64(op, symbol, device, dtype, padded, f"{backend} {symbol} {kind} {dtype}")
 
@@ -155,7 +156,8 @@ def test_each_sdpa_kernel_that_runs_matches_the_float64_reference(device, kernel
 def test_auto_takes_the_device_priority_list(device):
     model = _model("encoder", "jmc.atp", device)
     layer = model.encoder.layers[0]
-    call = layer.ops[0].call(torch.zeros(1, device=device), padded=False, requires_grad=True)
+    call = layer.ops[0].describe_call(torch.zeros(1, device=device), padded=False,
+                                      requires_grad=True)
     chosen = {op.spec.symbol: op.select(call).name for op in layer.ops}
     # CUDA's list (rehearsed on the CPU too): xformers where it fits and is installed, einsum
     # for the rest -- never SDPA's unfused math path

@@ -13,7 +13,7 @@ from folnet.ops.primitives.device import emulate, kernel_device
 
 def test_choices_follow_the_emulated_device_and_come_back():
     j = folnet.compile_operator("j", "auto")
-    call = j.call(torch.zeros(1), padded=False, requires_grad=True)
+    call = j.describe_call(torch.zeros(1), padded=False, requires_grad=True)
     assert kernel_device(torch.device("cpu")) == "cpu"
     assert j.select(call).name == "fused"
     with emulate("cuda"):

@@ -9,7 +9,7 @@ from opdata import SIZES, inputs, leading, perturb_after, perturb_tokens
 from tolerances import assert_close, assert_rel
 
 import folnet
-from folnet.ops.backends import BACKENDS, Call
+from folnet.ops.backends import BACKENDS, OpCall
 from folnet.ops.compiler import compile_operator
 
 pytestmark = pytest.mark.numerics
@@ -68,7 +68,7 @@ def test_gradcheck(symbol, backend, causal):
 
 def _skip_unless(spec, backend, tensor, causal, padded=False):
     reason = BACKENDS[backend].why_not(
-        spec, Call(tensor.device, tensor.dtype, causal, padded, tensor.requires_grad))
+        spec, OpCall(tensor.device, tensor.dtype, causal, padded, tensor.requires_grad))
     if reason is not None:
         pytest.skip(f"backend {backend!r} cannot run {spec.symbol!r} here: {reason}")
 
@@ -192,7 +192,7 @@ def test_forced_backend_that_cannot_run_says_why():
     op = compile_operator("j", "sdpa")
     k, v = inputs(folnet.get_operator("j"), dtype=torch.float32)
     with pytest.raises(folnet.FolnetError, match=r"cannot run on backend 'sdpa'.*dtype"):
-        op.select(Call(k.device, torch.complex64, False, False, False))
+        op.select(OpCall(k.device, torch.complex64, False, False, False))
     assert op(k, v).shape == (k.shape[0], 5, 2, 3)
     with pytest.raises(folnet.FolnetError, match="backend 'cuda' is unknown"):
         compile_operator("a", "cuda")
@@ -237,7 +237,7 @@ def test_auto_priority_is_one_table_and_explain_names_the_fused_path():
     text = causal.explain(k, v)
     assert "runs on 'einsum'" in text and "fused: causal masks apply" in text, text
     # query rows never take the fused path either
-    call = Call(k.device, k.dtype, False, False, False, rows=True)
+    call = OpCall(k.device, k.dtype, False, False, False, rows=True)
     assert compile_operator("p", dims=dims).select(call).name == "einsum"
 
 

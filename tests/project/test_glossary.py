@@ -19,7 +19,8 @@ PACKAGE = ROOT / "folnet"
 #: Words outside the paper's notation that names in the code have used (the review's list,
 #: and the words that replaced some of them); a name that uses one needs its glossary entry.
 VOCABULARY = ("slab", "sink", "prologue", "reach", "redraw", "redrawn", "premasked", "lean",
-              "hand_back", "release_heap", "memory_mode", "memory_budget", "primitive")
+              "hand_back", "release_heap", "memory_mode", "memory_budget", "primitive",
+              "op_call", "layer_call")
 
 
 def _rows(section: str) -> dict[str, str]:

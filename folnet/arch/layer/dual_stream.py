@@ -318,10 +318,10 @@ class DualStreamLayer(nn.Module):
             # (docs/results/measurements.md): they keep every kernel and premise materialised.
             # A block of a bidirectional square's rows is a plain rectangular call: no mask runs
             # along rows
-            routes[i] = op.route(op.call(n2, padded=domain.pad is not None,
-                                         rows=domain.rows is not None,
-                                         requires_grad=torch.is_grad_enabled(),
-                                         materialise=self.cfg.position == "rpe*"))
+            routes[i] = op.route(op.describe_call(n2, padded=domain.pad is not None,
+                                                  rows=domain.rows is not None,
+                                                  requires_grad=torch.is_grad_enabled(),
+                                                  materialise=self.cfg.position == "rpe*"))
         return Dispatch.of(wanted, routes)
 
     def operate(self, parts: Parts, dispatch: Dispatch, domain: Domain, premasked: Premasked,

@@ -10,7 +10,7 @@
 
 from folnet.ops.backends.attention import AttentionLayout, SdpaBackend, XformersBackend
 from folnet.ops.backends.attention import attention_layout as attention_layout
-from folnet.ops.backends.base import LAYOUTS, Backend, Call, Operand
+from folnet.ops.backends.base import LAYOUTS, Backend, OpCall, Operand
 from folnet.ops.backends.einsum import EinsumBackend
 from folnet.ops.backends.fused import FusedBackend
 
@@ -34,4 +34,4 @@ PRIORITY: dict[str, tuple[str, ...]] = {
 DEFAULT_PRIORITY = ("fused", "einsum")
 
 __all__ = ["BACKENDS", "DEFAULT_PRIORITY", "LAYOUTS", "PRIORITY", "AttentionLayout", "Backend",
-           "Call", "Operand", "attention_layout"]
+           "OpCall", "Operand", "attention_layout"]

@@ -24,7 +24,7 @@ LAYOUTS = ("cl", "cf", "fold")  # channels last, channels first, folded into the
 
 
 @dataclass(frozen=True)
-class Call:
+class OpCall:
     """What a backend needs to know to decide whether it can run an operator call."""
 
     device: torch.device
@@ -89,7 +89,7 @@ class Backend:
 
     name = "?"
 
-    def why_not(self, spec: OperatorSpec, call: Call) -> str | None:
+    def why_not(self, spec: OperatorSpec, call: OpCall) -> str | None:
         raise NotImplementedError
 
     def why_not_spec(self, spec: OperatorSpec, causal: bool) -> str | None:
