@@ -83,3 +83,20 @@ def test_the_watchdog_ends_a_rank_stuck_connecting():
     assert len(lines) == 1
     assert lines[0].startswith("folnet: error: rank 1 could not connect to its peers through "
                                "MASTER_ADDR:PORT 10.0.0.1:29500 (no answer in 0.5 s;")
+
+
+@pytest.mark.parametrize(("env", "warned"), [
+    ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"}, True),
+    ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0"}, False),
+    ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3"}, False),
+    ({}, False),
+])
+def test_an_elastic_run_on_torchruns_shared_store_is_warned(monkeypatch, env, warned):
+    for key in ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_MAX_RESTARTS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    text = peers.shared_store_warning()
+    assert (text is not None) == warned
+    if warned:
+        assert "--max-restarts 3" in text and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,7 +29,12 @@ import torch.distributed as dist
 from torch import nn
 
 from folnet.errors import FolnetError
-from folnet.train.engine.peers import advertise_route_to_master, connect_timeout, connecting
+from folnet.train.engine.peers import (
+    advertise_route_to_master,
+    connect_timeout,
+    connecting,
+    shared_store_warning,
+)
 
 __all__ = [
     "DistContext",
@@ -132,6 +138,9 @@ def init_distributed(device: str = "auto", *, group: bool = False) -> DistContex
         else:
             if backend == "gloo":
                 advertise_route_to_master(os.environ.get("MASTER_ADDR"))
+            warning = shared_store_warning()
+            if warning is not None and rank == 0:
+                print(f"folnet: warning: {warning}", file=sys.stderr, flush=True)
             with connecting(rank, connect_timeout()):  # one line, not a hang, if no answer
                 dist.init_process_group(backend=backend, init_method="env://", rank=rank,
                                         world_size=world)

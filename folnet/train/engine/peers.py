@@ -97,6 +97,28 @@ def advertise_route_to_master(master: str | None) -> str | None:
     return name
 
 
+#: What torchrun reads to give its workers a store of their own instead of its rendezvous store.
+UNSHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def shared_store_warning() -> str | None:
+    """The warning for an elastic run (``--max-restarts`` > 0) whose workers share torchrun's
+    rendezvous store, else None. Why: each agent counts its own restarts, and the shared store
+    keys a run's addresses by that count, so after a restart one machine's ranks can read the
+    addresses of the attempt before and fail to connect (pytorch/pytorch#135712); a store per
+    attempt avoids it."""
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    try:
+        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        restarts = 0
+    if not shared or restarts <= 0:
+        return None
+    return (f"torchrun --max-restarts {restarts} with its rendezvous store shared: a restart "
+            f"can pair ranks of different attempts (pytorch/pytorch#135712); set "
+            f"{UNSHARED_STORE_ENV}=1 for torchrun on every machine")
+
+
 def unreachable_message(rank: int, cause: str) -> str:
     """One line: which rank could not reach its peers, the address it tried, what to set."""
     master = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
