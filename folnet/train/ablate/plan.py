@@ -47,11 +47,11 @@ from folnet.read_files import bundled_or_path, parse_json
 from folnet.train.ablate.cluster import ClusterResources, parse_cluster
 from folnet.train.ablate.operators import Declared, plan_operators
 from folnet.train.ablate.overrides import apply_settings, parse_setting
+from folnet.train.ablate.plan_tasks import check_kinds, check_tasks
 from folnet.train.data.documents import EMBEDDED, KINSHIP
 from folnet.train.finetune.config import FinetuneConfig
 from folnet.train.options import read_toml
 from folnet.train.pretrain.config import PretrainConfig
-from folnet.train.tasks import family_of, get_task
 
 #: A row's pretraining loss -> `folnet pretrain`'s objective; the losses of the generative kinds
 #: name the kind they pretrain (`LOSS_KINDS`): next-token prediction for a decoder (CLM, or
@@ -237,8 +237,8 @@ def parse_plan_dict(data: Mapping[str, Any], *, source: str = "<plan>",
                           f"pretrains on it)")
     tasks = tuple(overrides.get("tasks") or data.get("tasks", ("kinship",)))
     task_data = {**dict(data.get("task_data", {})), **dict(overrides.get("task_data") or {})}
-    _check_tasks(name, tasks, task_data)
-    _check_kinds(name, rows, tasks)
+    check_tasks(name, tasks, task_data)
+    check_kinds(name, rows, tasks)
     seeds = int(overrides.get("seeds") or data.get("seeds", 1))
     if seeds < 1:
         raise FolnetError(f"plan {name!r}: seeds must be >= 1, got {seeds}")
@@ -305,43 +305,6 @@ def _compare(raw: Any, name: str, steps: int, finetune: Mapping[str, Any]) -> Co
         except FolnetError as exc:
             raise FolnetError(f"{where}: sweep {option} = {value!r}: {exc}") from None
     return Compare(scratch_steps=scratch, option=str(option), values=tuple(values))
-
-
-def _check_kinds(name: str, rows: Sequence[AblationRow], tasks: tuple[str, ...]) -> None:
-    """Every task fits every row's kind: a task answered by generation needs a decoder or an
-    encoder-decoder (loss CLM or SPAN), every other task an encoder (MLM.NSP or MLM.SOP)."""
-    for task in tasks:
-        generative = get_task(task).kind == "generation"
-        for i, row in enumerate(rows):
-            if (row.kind != "encoder") != generative:
-                need = "CLM, PREFIX or SPAN (a decoder or an encoder-decoder)" if generative else \
-                    "MLM.NSP or MLM.SOP (an encoder)"
-                raise FolnetError(f"plan {name!r} row {i + 1} ({row.name!r}): loss {row.loss} "
-                                  f"pretrains a model of kind {row.kind!r}, and task {task!r} "
-                                  f"needs loss {need}")
-
-
-def _check_tasks(name: str, tasks: tuple[str, ...], task_data: Mapping[str, str]) -> None:
-    if not tasks:
-        raise FolnetError(f"plan {name!r}: 'tasks' is empty; e.g. tasks = [\"kinship\"]")
-    extra = sorted(set(task_data) - set(tasks))
-    if extra:
-        raise FolnetError(f"plan {name!r}: task_data names task(s) {extra} not in tasks")
-    for task in tasks:
-        try:
-            get_task(task)
-        except FolnetError as exc:
-            raise FolnetError(f"plan {name!r}: task {task!r}: {exc}") from None
-        if family_of(task).generated:
-            continue
-        path = task_data.get(task)
-        if path is None:
-            raise FolnetError(f"plan {name!r}: task {task!r} needs its data directory: add "
-                              f"task_data = {{ \"{task}\" = \"DIR\" }} or --task-data "
-                              f"{task}=DIR")
-        if not Path(path).is_dir():
-            raise FolnetError(f"plan {name!r}: data directory {path!r} of task {task!r} does "
-                              f"not exist")
 
 
 def plan_to_dict(plan: AblationPlan) -> dict[str, Any]:
