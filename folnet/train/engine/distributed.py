@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from folnet.atomic_write import warn
 from folnet.errors import FolnetError
 from folnet.train.engine.peers import (
     advertise_route_to_master,
@@ -140,7 +140,7 @@ def init_distributed(device: str = "auto", *, group: bool = False) -> DistContex
                 advertise_route_to_master(os.environ.get("MASTER_ADDR"))
             warning = shared_store_warning()
             if warning is not None and rank == 0:
-                print(f"folnet: warning: {warning}", file=sys.stderr, flush=True)
+                warn(warning)
             with connecting(rank, connect_timeout()):  # one line, not a hang, if no answer
                 dist.init_process_group(backend=backend, init_method="env://", rank=rank,
                                         world_size=world)
